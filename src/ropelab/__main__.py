@@ -1,0 +1,5 @@
+import sys
+
+from ropelab.cli import main
+
+sys.exit(main())

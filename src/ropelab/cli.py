@@ -1,0 +1,141 @@
+"""Command line: a thin layer over library functions. One table of subcommands, `COMMANDS`.
+
+Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+from ropelab.config import ConfigError, MODEL_PRESETS, RunConfig, build_run_config, load_yaml
+
+OVERRIDES_HELP = """\
+overrides are dotted key=value pairs, values parsed as YAML, e.g.
+  model.rope.fraction=0.25   model.rope.rotary_dims=2   model.rope.theta=500000
+  model.rope.style=slice|truncate   model.rope.layout=half|interleaved   model.rope.cache=table|none
+  model.block=sequential|parallel   model.qk_norm=true   model.rope_layers={3: {fraction: 0}}
+  data.seq_len=512   data.tokenizer=bytes|bpe:4096|<hf name or path>   data.positions=running|restart
+  train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=bf16|fp32
+  train.checkpoint_every=50   train.eval_every=50   attention.doc_mask=true   seed=1
+rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for any fraction > 0.
+"""
+
+
+# --------------------------------------------------------------------------- train
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML run config (keys as in the overrides below)")
+    p.add_argument("--preset", help=f"model preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--out", default="runs/default", help="run directory (default: runs/default)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    base = load_yaml(args.config) if args.config else {}
+    overrides = list(args.overrides)
+    if args.no_progress:
+        overrides.append("train.progress=false")
+    return build_run_config(base, args.preset, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ropelab.train.loop import train
+
+    if args.resume:
+        if args.config or args.preset or args.overrides:
+            raise ConfigError("--resume continues the run with its saved config.yaml; drop --config/--preset/overrides")
+        result = train(out_dir=args.out, resume=True)
+    else:
+        result = train(run_config_from_args(args), out_dir=args.out)
+    print(
+        f"done: {result.steps} steps, {result.tokens:,} tokens, train loss {result.final_train_loss:.4f}, "
+        f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s -> {result.run_dir}"
+    )
+    return 0
+
+
+# ------------------------------------------------------------------------- presets
+
+
+def _add_presets(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def preset_table() -> list[dict]:
+    from ropelab.model import count_params_meta
+
+    rows = []
+    for name, cfg in MODEL_PRESETS.items():
+        sized = cfg if cfg.vocab_size else build_run_config({"model": {"preset": name, "vocab_size": 4096}}).model
+        rotary = cfg.rope.resolve_dims(cfg.head_size)
+        rows.append({
+            "name": name, "params": count_params_meta(sized), "vocab_size": sized.vocab_size,
+            "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head, "n_kv_head": cfg.kv_heads,
+            "head_dim": cfg.head_size, "d_ff": cfg.d_ff, "block": cfg.block, "rotary_dims": rotary,
+            "rope_theta": cfg.rope.theta, "qk_norm": cfg.qk_norm, "tie_embeddings": cfg.tie_embeddings,
+        })
+    return rows
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    rows = preset_table()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ropelab model presets (tiny presets sized with a 4096-token vocabulary)")
+    for col in ("name", "params", "block", "n_layer", "d_model", "heads (q/kv x dim)", "d_ff", "rotary_dims", "theta", "vocab"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], f"{r['params']:,}", r["block"], str(r["n_layer"]), str(r["d_model"]),
+                      f"{r['n_head']}/{r['n_kv_head']} x {r['head_dim']}", str(r["d_ff"]), str(r["rotary_dims"]),
+                      f"{r['rope_theta']:g}", str(r["vocab_size"]))
+    Console().print(table)
+    return 0
+
+
+# --------------------------------------------------------------------------- table
+
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+
+COMMANDS: list[Command] = [
+    ("train", _add_train, cmd_train, "train one model (or resume one run)"),
+    ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ropelab", description="Train, distill, evaluate and dissect RoPE in decoder-only LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, add_arguments, handler, help_text in COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=OVERRIDES_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(p)
+        p.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"ropelab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        out = getattr(args, "out", None)
+        hint = f"; resume with: ropelab {args.command} --out {out} --resume" if out else ""
+        print(f"ropelab: interrupted{hint}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

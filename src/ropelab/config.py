@@ -1,0 +1,414 @@
+"""Typed configuration: dataclasses, named model presets, YAML and dotted overrides.
+
+Every component owns a small dataclass; `RunConfig` gathers them. Loading goes
+through `from_dict`, which rejects unknown keys and wrong types with a
+`ConfigError` naming the dotted key, so a user mistake never becomes a
+traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user's configuration is invalid. The message is one line naming the key."""
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+@dataclass
+class RopeConfig:
+    """How one attention layer rotates its queries and keys.
+
+    `fraction` (0 = NoPE, 1 = full) or an explicit even `rotary_dims` says how
+    many leading channels of each head rotate:
+    ``rotary_dims = 2 * floor(fraction * head_dim / 2)``, at least 2 for any
+    fraction > 0. `rotary_dims`, when given, wins over `fraction`.
+
+    `style` says which frequencies the rotated channels get:
+      - ``slice`` (GPT-NeoX, the partial-RoPE seed): ``theta^(-2i/rotary_dims)``,
+        the full spectrum squeezed into the rotated channels;
+      - ``truncate`` (HF ``proportional`` rope, p-RoPE): ``theta^(-2i/head_dim)``
+        for i < rotary_dims/2, the highest frequencies of the full-head spectrum.
+    `layout` says which channels form a pair: ``half`` (rotate_half, NeoX/Llama:
+    channel i pairs with i + rotary_dims/2) or ``interleaved`` (GPT-J/RoFormer:
+    2i pairs with 2i+1).
+    `cache`: ``table`` keeps fp32 cos/sin for the positions seen; ``none``
+    computes them from the positions on every call.
+    """
+
+    fraction: float = 1.0
+    rotary_dims: Optional[int] = None
+    theta: float = 10_000.0
+    style: Literal["slice", "truncate"] = "slice"
+    layout: Literal["half", "interleaved"] = "half"
+    cache: Literal["table", "none"] = "table"
+
+    def resolve_dims(self, head_dim: int) -> int:
+        from ropelab.rope import resolve_rotary_dims
+
+        return resolve_rotary_dims(head_dim, self.fraction, self.rotary_dims)
+
+    def validate(self, head_dim: int, key: str = "model.rope") -> None:
+        if not (0.0 <= self.fraction <= 1.0):
+            raise ConfigError(f"{key}.fraction={self.fraction}: must be in [0, 1] (0 = NoPE, 1 = full RoPE)")
+        if self.rotary_dims is not None:
+            if self.rotary_dims < 0 or self.rotary_dims % 2:
+                raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be an even number >= 0")
+            if self.rotary_dims > head_dim:
+                raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be <= head_dim ({head_dim})")
+        if not (self.theta > 0 and math.isfinite(self.theta)):
+            raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
+
+
+# ---------------------------------------------------------------------------- model
+
+
+@dataclass
+class ModelConfig:
+    """Shape and block design of one decoder-only transformer."""
+
+    name: str = "custom"
+    vocab_size: Optional[int] = None  # None: follow the tokenizer (padded to a multiple of 64)
+    n_layer: int = 4
+    d_model: int = 256
+    n_head: int = 4
+    n_kv_head: Optional[int] = None  # None: same as n_head (no GQA)
+    head_dim: Optional[int] = None  # None: d_model // n_head
+    d_ff: int = 704
+    block: Literal["sequential", "parallel"] = "sequential"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    max_seq_len: int = 131_072
+    init_std: float = 0.02
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    # Per-layer exceptions: {layer_index: {rope keys}}; e.g. {3: {fraction: 0}} for a NoPE layer.
+    rope_layers: dict = field(default_factory=dict)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.d_model // self.n_head
+
+    def rope_for_layer(self, layer: int) -> RopeConfig:
+        override = self.rope_layers.get(layer) or self.rope_layers.get(str(layer))
+        if not override:
+            return self.rope
+        merged = dataclasses.asdict(self.rope) | dict(override)
+        return from_dict(RopeConfig, merged, f"model.rope_layers.{layer}")
+
+    def validate(self) -> None:
+        for key in ("n_layer", "d_model", "n_head", "d_ff", "max_seq_len"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model.{key}={getattr(self, key)}: must be > 0")
+        if self.head_dim is None and self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.n_head={self.n_head}: must divide model.d_model={self.d_model} (or set model.head_dim)"
+            )
+        if self.kv_heads <= 0 or self.n_head % self.kv_heads:
+            raise ConfigError(f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head}")
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise ConfigError(f"model.vocab_size={self.vocab_size}: must be > 0")
+        if self.norm_eps <= 0:
+            raise ConfigError(f"model.norm_eps={self.norm_eps}: must be > 0")
+        for layer in self.rope_layers:
+            if not (0 <= int(layer) < self.n_layer):
+                raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
+        for layer in range(self.n_layer):
+            key = "model.rope" if not self.rope_layers.get(layer) else f"model.rope_layers.{layer}"
+            self.rope_for_layer(layer).validate(self.head_size, key)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "ModelConfig":
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"preset={name!r}: unknown; choose one of {', '.join(MODEL_PRESETS)}")
+        cfg = copy.deepcopy(MODEL_PRESETS[name])
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _llama(name, n_layer, d_model, n_head, n_kv_head, d_ff, vocab, tie, theta, **kw) -> ModelConfig:
+    return ModelConfig(
+        name=name, vocab_size=vocab, n_layer=n_layer, d_model=d_model, n_head=n_head, n_kv_head=n_kv_head,
+        d_ff=d_ff, tie_embeddings=tie, rope=RopeConfig(fraction=1.0, theta=theta), **kw,
+    )
+
+
+# Published shapes: Llama-3.2-1B and Llama-3.1-8B (Meta's config.json), Pythia-1B (EleutherAI's
+# config.json). `pythia-1b-released` is the partial-RoPE seed's released GPT-NeoX config for its
+# "Pythia-1B" runs: sequential blocks, RMSNorm, SwiGLU, no biases, 8 heads of 256, untied.
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "tiny-llama": _llama("tiny-llama", 4, 256, 4, 2, 704, None, True, 10_000.0, max_seq_len=8192),
+    "tiny-pythia": ModelConfig(
+        name="tiny-pythia", n_layer=4, d_model=256, n_head=4, d_ff=1024, block="parallel", norm="layernorm",
+        mlp="gelu", attn_bias=True, mlp_bias=True, max_seq_len=8192, rope=RopeConfig(fraction=0.25),
+    ),
+    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128_256, True, 500_000.0),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14_336, 128_256, False, 500_000.0),
+    "llama-8b-36l": _llama("llama-8b-36l", 36, 4096, 32, 8, 14_336, 128_256, False, 500_000.0),
+    "pythia-1b": ModelConfig(
+        name="pythia-1b", vocab_size=50_304, n_layer=16, d_model=2048, n_head=8, d_ff=8192, block="parallel",
+        norm="layernorm", mlp="gelu", attn_bias=True, mlp_bias=True, max_seq_len=2048,
+        rope=RopeConfig(fraction=0.25),
+    ),
+    "pythia-1b-released": ModelConfig(
+        name="pythia-1b-released", vocab_size=50_304, n_layer=16, d_model=2048, n_head=8, d_ff=8192,
+        max_seq_len=8192, rope=RopeConfig(fraction=0.25),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from and how they are packed into windows."""
+
+    corpus: str = "stdlib"  # "stdlib", or a prepared shard folder
+    tokenizer: str = "bpe:4096"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
+    seq_len: int = 256
+    positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document
+    val_percent: float = 2.0  # share of stdlib files held out for validation (stable hash of the path)
+
+    def validate(self) -> None:
+        if self.seq_len <= 0:
+            raise ConfigError(f"data.seq_len={self.seq_len}: must be > 0")
+        if not (0 < self.val_percent < 50):
+            raise ConfigError(f"data.val_percent={self.val_percent}: must be in (0, 50)")
+
+
+# ------------------------------------------------------------------------ attention
+
+
+@dataclass
+class AttentionConfig:
+    backend: Literal["auto", "sdpa", "dense", "varlen"] = "auto"
+    doc_mask: bool = False  # forbid attention across documents in a packed window
+
+
+# ------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser, schedule and bookkeeping. Defaults follow the partial-RoPE seed's released
+    GPT-NeoX configs (AdamW 0.9/0.95, eps 1e-8, wd 0.1, lr 4e-4, 5% warm-up, cosine to 10%,
+    clip 1.0); the step count and batch are a CPU-sized default."""
+
+    steps: int = 200
+    micro_batch: int = 16
+    grad_accum: int = 1
+    lr: float = 4e-4
+    min_lr_ratio: float = 0.1
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    precision: Literal["fp32", "bf16"] = "bf16"
+    device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
+    eval_every: int = 50
+    eval_batches: int = 4
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    compile: bool = False
+    progress: bool = True
+
+    def validate(self) -> None:
+        for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every", "log_every"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr={self.lr}: must be > 0")
+        if not (0 <= self.min_lr_ratio <= 1):
+            raise ConfigError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+        if not (0 <= self.warmup_fraction < 1):
+            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1)")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints}: must be >= 1")
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum
+
+
+# ------------------------------------------------------------------------------ run
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    model: ModelConfig = field(default_factory=lambda: ModelConfig.from_name("tiny-llama"))
+    data: DataConfig = field(default_factory=DataConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "RunConfig":
+        self.model.validate()
+        self.data.validate()
+        self.train.validate()
+        if self.data.seq_len > self.model.max_seq_len:
+            raise ConfigError(
+                f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len}"
+            )
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ------------------------------------------------------------------ dict <-> dataclass
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(repr(a) for a in args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+        return from_dict(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}={value!r}: must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r}: must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r}: must be a string")
+        return value
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: must be a mapping")
+        return value
+    if origin is list or tp is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r}: must be a list")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a plain dict, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            raise ConfigError(f"{dotted}: unknown key; allowed: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"model.rope.fraction=0.25"`` -> ``("model.rope.fraction", 0.25)`` (value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. model.rope.fraction=0.25")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if not isinstance(child, dict):
+            if part in node and child is not None:
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is not a section, cannot set {key}")
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of config keys")
+    return data
+
+
+def build_run_config(
+    base: dict | None = None, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """Merge defaults < model preset < YAML dict < dotted overrides, then validate."""
+    tree = copy.deepcopy(base) if base else {}
+    preset = preset or tree.pop("preset", None)
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "preset":
+            preset = value
+            continue
+        set_dotted(tree, key, value)
+    model_tree = tree.pop("model", {}) or {}
+    if not isinstance(model_tree, dict):
+        raise ConfigError("model: expected a mapping of model keys")
+    model_preset = model_tree.pop("preset", None) or preset or "tiny-llama"
+    model_dict = dataclasses.asdict(ModelConfig.from_name(model_preset))
+    for key, value in model_tree.items():
+        if key == "rope" and isinstance(value, dict):
+            model_dict["rope"] = model_dict["rope"] | value
+        else:
+            model_dict[key] = value
+    tree["model"] = model_dict
+    return from_dict(RunConfig, tree).validate()

@@ -1,0 +1,160 @@
+"""Tokenizers behind one small interface: bytes, a byte-level BPE trained here, or any HF tokenizer.
+
+Spec strings (``data.tokenizer``):
+  * ``bytes``          – 256 byte values plus <eos>, <bos>, <pad>;
+  * ``bpe:<vocab>``    – byte-level BPE trained with HF `tokenizers` on the training split of
+                         the corpus, cached under ``$ROPELAB_CACHE`` keyed by corpus and vocab;
+  * anything else      – an HF tokenizer: a ``tokenizer.json`` file, a local folder, or a hub
+                         name (loaded with `transformers.AutoTokenizer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Protocol
+
+from ropelab.config import ConfigError
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("ROPELAB_CACHE", Path.home() / ".cache" / "ropelab"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eos_id: int
+    bos_id: Optional[int]
+    pad_id: Optional[int]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+
+class ByteTokenizer:
+    name = "bytes"
+    vocab_size = 259
+    eos_id, bos_id, pad_id = 256, 257, 258
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> str:
+        return "bytes-v1"
+
+
+class HFTokenizer:
+    """Wraps a `tokenizers.Tokenizer` (fast, Rust) with EOS/BOS/PAD ids resolved."""
+
+    def __init__(self, tokenizer, name: str, eos: Optional[str] = None):
+        self.tok = tokenizer
+        self.name = name
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self._find(eos, "<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
+        if self.eos_id is None:
+            raise ConfigError(f"data.tokenizer={name!r}: no end-of-text token found in its vocabulary")
+        self.bos_id = self._find(None, "<|bos|>", "<s>", "<bos>", "<|begin_of_text|>")
+        self.pad_id = self._find(None, "<|pad|>", "<pad>", "[PAD]")
+
+    def _find(self, first: Optional[str], *candidates: str) -> Optional[int]:
+        for token in (first, *candidates):
+            if token is not None and self.tok.token_to_id(token) is not None:
+                return self.tok.token_to_id(token)
+        return None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.tok.to_str().encode()).hexdigest()[:16]
+
+    def save(self, path: Path) -> None:
+        self.tok.save(str(path))
+
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|bos|>", "<|pad|>"]
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int):
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_bpe(vocab_size: int, corpus: str, val_percent: float) -> HFTokenizer:
+    """The BPE trained on `corpus`'s training split, from cache or trained now (seconds on stdlib)."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from ropelab.data.sources import corpus_documents, corpus_key
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ConfigError(f"data.tokenizer=bpe:{vocab_size}: vocabulary must be at least {256 + len(SPECIAL_TOKENS)}")
+    path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{corpus_key(corpus, val_percent)}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok = train_bpe(corpus_documents(corpus, "train", val_percent), vocab_size)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tok.save(str(tmp))
+        os.replace(tmp, path)
+    return HFTokenizer(RustTokenizer.from_file(str(path)), f"bpe:{vocab_size}")
+
+
+def load_hf_tokenizer(spec: str) -> HFTokenizer:
+    """A tokenizer.json file, a folder holding one, or an HF hub name (through transformers)."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    path = Path(spec)
+    if path.is_file():
+        return HFTokenizer(RustTokenizer.from_file(str(path)), spec)
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return HFTokenizer(RustTokenizer.from_file(str(path / "tokenizer.json")), spec)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(f"data.tokenizer={spec!r}: not a local file; loading hub tokenizers needs `pip install ropelab[hf]`") from None
+    try:
+        hf = AutoTokenizer.from_pretrained(spec)
+    except Exception as exc:  # network, missing repo, bad folder: one line for the user
+        raise ConfigError(f"data.tokenizer={spec!r}: could not load ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    if not getattr(hf, "is_fast", False):
+        raise ConfigError(f"data.tokenizer={spec!r}: only fast (tokenizers-backed) tokenizers are supported")
+    return HFTokenizer(hf.backend_tokenizer, spec, eos=hf.eos_token)
+
+
+def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0) -> Tokenizer:
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec.startswith("bpe:"):
+        try:
+            vocab = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError(f"data.tokenizer={spec!r}: expected bpe:<vocab size>, e.g. bpe:4096") from None
+        return load_bpe(vocab, corpus, val_percent)
+    return load_hf_tokenizer(spec)
+
+
+def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
+    return -(-vocab_size // multiple) * multiple

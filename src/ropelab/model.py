@@ -1,0 +1,222 @@
+"""The ropelab transformer: one decoder-only model, sequential (Llama) or parallel (GPT-NeoX) blocks.
+
+Shapes: B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ropelab.attention import attend
+from ropelab.config import ModelConfig
+from ropelab.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def make_norm(config: ModelConfig, dim: int) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(dim, config.norm_eps)
+    return nn.LayerNorm(dim, eps=config.norm_eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding):
+        super().__init__()
+        C, H, K, D = config.d_model, config.n_head, config.kv_heads, config.head_size
+        self.n_head, self.n_kv_head, self.head_dim = H, K, D
+        self.q_proj = nn.Linear(C, H * D, bias=config.attn_bias)
+        self.k_proj = nn.Linear(C, K * D, bias=config.attn_bias)
+        self.v_proj = nn.Linear(C, K * D, bias=config.attn_bias)
+        self.o_proj = nn.Linear(H * D, C, bias=config.attn_bias)
+        # QK-Norm over each head's own channels (Henry et al. 2020; Qwen3), before RoPE.
+        self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.rope = rope
+        self.backend = "auto"
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, K, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        q, k = self.rope(q, k, position_ids)
+        y = attend(q, k, v, doc_ids, self.backend)  # (B, H, T, D)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.swiglu = config.mlp == "swiglu"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding):
+        super().__init__()
+        self.parallel = config.block == "parallel"
+        self.attn_norm = make_norm(config, config.d_model)
+        self.attn = Attention(config, rope)
+        self.mlp_norm = make_norm(config, config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+            return x + self.attn(self.attn_norm(x), position_ids, doc_ids) + self.mlp(self.mlp_norm(x))
+        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set before building a model (it follows the tokenizer)")
+        config.validate()
+        self.config = config
+        # One RotaryEmbedding per distinct layer setting, shared by the layers that use it.
+        ropes: dict[str, RotaryEmbedding] = {}
+        layer_ropes = []
+        for layer in range(config.n_layer):
+            rope_config = config.rope_for_layer(layer)
+            key = repr(dataclasses.astuple(rope_config))
+            if key not in ropes:
+                ropes[key] = RotaryEmbedding(rope_config, config.head_size)
+            layer_ropes.append(ropes[key])
+        self.ropes = list(ropes.values())
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, rope) for rope in layer_ropes)
+        self.final_norm = make_norm(config, config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for every weight matrix and embedding; zero biases; unit norms."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (RMSNorm, nn.LayerNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    # ------------------------------------------------------------------ forward
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        position_ids: Optional[torch.Tensor] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> final-norm hidden states (B, T, C)."""
+        B, T = idx.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=idx.device).expand(B, T)
+        x = self.embed(idx)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, position_ids, doc_ids)
+        return self.final_norm(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Returns logits (B, T, V) and, given targets (B, T; -100 ignored), the mean cross-entropy."""
+        logits = self.lm_head(self.hidden_states(idx, position_ids, doc_ids))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    # ------------------------------------------------------------------ RoPE controls
+
+    def set_rope_theta(self, theta: float) -> None:
+        for rope in self.ropes:
+            rope.set_theta(theta)
+        self.config.rope.theta = float(theta)
+
+    def set_attention_backend(self, backend: str) -> None:
+        for block in self.blocks:
+            block.attn.backend = backend
+
+    def rope_cache_bytes(self) -> int:
+        """Bytes held by every cos/sin cache of the model, exact to the byte."""
+        return sum(rope.cache_bytes() for rope in self.ropes)
+
+    # ------------------------------------------------------------------ accounting
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # parameters() counts a tied matrix once
+        if non_embedding:
+            n -= self.embed.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, PaLM's formula: 6N + 12 * layers * heads * head_dim * seq_len.
+
+        N counts the weights used in matrix products: the input embedding is a lookup, so an
+        untied embedding matrix is left out."""
+        c = self.config
+        matmul_params = self.num_params() - (0 if c.tie_embeddings else self.embed.weight.numel())
+        return 6 * matmul_params + 12 * c.n_layer * c.n_head * c.head_size * seq_len
+
+    def mfu(self, tokens_per_second: float, seq_len: int, peak_flops: float) -> float:
+        """Model FLOPs utilisation: achieved training FLOP/s over the device's peak."""
+        return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
+
+
+def build_model(config: ModelConfig, device: str | torch.device = "cpu") -> Transformer:
+    return Transformer(config).to(device)
+
+
+def count_params_meta(config: ModelConfig) -> int:
+    """Parameter count without allocating weights (for the 8B presets)."""
+    with torch.device("meta"):
+        return Transformer(config).num_params()
+
+
+def model_summary(model: Transformer) -> dict:
+    c = model.config
+    rope = model.ropes[0]
+    return {
+        "params": model.num_params(),
+        "non_embedding_params": model.num_params(non_embedding=True),
+        "rotary_dims": rope.rotary_dims,
+        "effective_fraction": round(rope.rotary_dims / c.head_size, 4),
+        "head_dim": c.head_size,
+    }
+

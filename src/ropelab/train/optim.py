@@ -1,0 +1,37 @@
+"""AdamW with decoupled weight decay on matrices only, and the warm-up + cosine schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ropelab.config import TrainConfig
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """Weight decay on parameters with 2+ dimensions (matrices, embeddings); none on norms and biases."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+
+
+def lr_at(step: int, config: TrainConfig, total_steps: int | None = None) -> float:
+    """Linear warm-up over `warmup_fraction` of the steps, then cosine decay to lr * min_lr_ratio."""
+    total = total_steps or config.steps
+    warmup = int(round(config.warmup_fraction * total))
+    peak, floor = config.lr, config.lr * config.min_lr_ratio
+    if warmup and step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
