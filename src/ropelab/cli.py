@@ -18,7 +18,7 @@ overrides are dotted key=value pairs, values parsed as YAML, e.g.
   model.rope.style=slice|truncate   model.rope.layout=half|interleaved   model.rope.cache=table|none
   model.block=sequential|parallel   model.qk_norm=true   model.rope_layers={3: {fraction: 0}}
   data.seq_len=512   data.tokenizer=bytes|bpe:4096|<hf name or path>   data.positions=running|restart
-  train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=bf16|fp32
+  train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=auto|bf16|fp32
   train.checkpoint_every=50   train.eval_every=50   attention.doc_mask=true   seed=1
 rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for any fraction > 0.
 """

@@ -225,7 +225,8 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    precision: Literal["fp32", "bf16"] = "bf16"
+    # auto: bf16 autocast on CUDA, fp32 on CPU (CPUs without AVX512-BF16/AMX run bf16 matmuls ~20x slower)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     eval_every: int = 50
     eval_batches: int = 4

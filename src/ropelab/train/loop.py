@@ -76,7 +76,8 @@ def prepare_data(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
 
 
 def autocast(config: RunConfig, device: torch.device):
-    if config.train.precision == "bf16":
+    precision = config.train.precision
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
