@@ -318,6 +318,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}={value!r}: must be an integer")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "4e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r}: must be a number")
         return float(value)

@@ -1,0 +1,68 @@
+import pytest
+
+from ropelab.cli import main
+from ropelab.config import ConfigError, ModelConfig, RunConfig, build_run_config
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.rope.fraction=1.5", "model.rope.fraction"),
+        ("model.rope.fraction=-0.1", "model.rope.fraction"),
+        ("model.rope.rotary_dims=3", "model.rope.rotary_dims"),
+        ("model.rope.rotary_dims=66", "model.rope.rotary_dims"),
+        ("model.n_head=5", "model.n_head"),
+        ("model.n_kv_head=3", "model.n_kv_head"),
+        ("model.rope.theta=0", "model.rope.theta"),
+        ("model.rope.layout=zigzag", "model.rope.layout"),
+        ("model.nonsense=1", "model.nonsense"),
+        ("train.stepz=3", "train.stepz"),
+        ("train.steps=abc", "train.steps"),
+        ("data.seq_len=100000", "data.seq_len"),
+        ("model.rope_layers={9: {fraction: 0}}", "model.rope_layers.9"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        build_run_config(overrides=[override])
+    message = str(err.value)
+    assert message.startswith(key) and "\n" not in message
+
+
+def test_unknown_preset_lists_choices():
+    with pytest.raises(ConfigError, match="tiny-llama"):
+        ModelConfig.from_name("gpt-17")
+
+
+def test_overrides_merge_over_preset_and_yaml():
+    cfg = build_run_config({"model": {"rope": {"theta": 500000}}, "seed": 3}, "tiny-pythia", ["model.rope.fraction=0.5"])
+    assert cfg.model.block == "parallel" and cfg.model.rope.fraction == 0.5 and cfg.model.rope.theta == 500000
+    assert cfg.seed == 3
+
+
+def test_per_layer_rope_override():
+    cfg = build_run_config(overrides=["model.rope_layers={1: {fraction: 0}}"]).model
+    assert cfg.rope_for_layer(1).fraction == 0 and cfg.rope_for_layer(0).fraction == 1.0
+
+
+def test_yaml_roundtrip():
+    cfg = build_run_config(preset="tiny-pythia")
+    import yaml
+
+    assert build_run_config(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_cli_reports_one_line_and_exit_code_2(capsys, tmp_path):
+    code = main(["train", "--out", str(tmp_path / "r"), "model.rope.fraction=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "model.rope.fraction=2" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_missing_config_file(capsys, tmp_path):
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_default_run_config_is_valid():
+    assert RunConfig().validate().model.name == "tiny-llama"

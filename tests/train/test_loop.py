@@ -1,0 +1,119 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ropelab.config import ConfigError, build_run_config
+from ropelab.train import checkpoint as ckpt
+from ropelab.train.loop import read_metrics, train
+
+
+def losses(run_dir):
+    return [(r["step"], r["loss"], r.get("val_loss")) for r in read_metrics(run_dir)]
+
+
+def test_loss_falls_and_outputs_exist(tmp_path, tiny_overrides):
+    result = train(build_run_config(overrides=tiny_overrides + ["train.steps=30", "train.eval_every=10"]), tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    assert rows[0]["loss"] > rows[-1]["loss"] + 0.5
+    assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 30]
+    assert (tmp_path / "run" / "config.yaml").is_file() and result.final_val_loss < rows[0]["loss"]
+    assert (ckpt.latest_checkpoint(tmp_path / "run") / "model.safetensors").is_file()
+
+
+def test_resume_in_process_matches_uninterrupted(tmp_path, tiny_overrides):
+    full = tmp_path / "full"
+    train(build_run_config(overrides=tiny_overrides), full)
+    part = tmp_path / "part"
+    train(build_run_config(overrides=tiny_overrides + ["train.steps=8"]), part)
+    # cut the run back to its step-4 checkpoint, as a crash after step 6 would leave it
+    import shutil
+
+    shutil.rmtree(ckpt.checkpoint_dir(part) / "step_00000008")
+    (part / "result.json").unlink()
+    train(out_dir=part, resume=True)
+    assert losses(part) == losses(full)
+
+
+def _spawn(run_dir, overrides):
+    cmd = [sys.executable, "-m", "ropelab", "train", "--out", str(run_dir), *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _wait_for_step(run_dir, step, proc, timeout=120):
+    start = time.time()
+    while time.time() - start < timeout:
+        rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        if rows and rows[-1]["step"] >= step:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the run")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupt_and_resume_gives_same_losses(tmp_path, tiny_overrides, sig):
+    overrides = tiny_overrides + ["train.steps=60", "train.checkpoint_every=5", "train.eval_every=20"]
+    reference = tmp_path / "reference"
+    torch.set_num_threads(1)
+    train(build_run_config(overrides=overrides), reference)
+    run = tmp_path / "run"
+    proc = _spawn(run, overrides)
+    _wait_for_step(run, 12, proc)
+    proc.send_signal(sig)
+    code = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    if sig == signal.SIGINT:
+        assert code == 130 and "--resume" in stderr and "Traceback" not in stderr
+    assert not (run / "result.json").exists(), "the run finished before it could be interrupted"
+    assert ckpt.latest_checkpoint(run) is not None
+    resumed = subprocess.run([sys.executable, "-m", "ropelab", "train", "--out", str(run), "--resume"],
+                             capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert losses(run) == losses(reference)
+
+
+def test_existing_run_is_never_overwritten(tmp_path, tiny_overrides):
+    run = tmp_path / "run"
+    train(build_run_config(overrides=tiny_overrides + ["train.steps=4"]), run)
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(build_run_config(overrides=tiny_overrides), run)
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_resume_without_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="config.yaml"):
+        train(out_dir=tmp_path / "empty", resume=True)
+
+
+def test_incomplete_checkpoint_is_ignored(tmp_path, tiny_overrides):
+    run = tmp_path / "run"
+    train(build_run_config(overrides=tiny_overrides + ["train.steps=4"]), run)
+    fake = ckpt.checkpoint_dir(run) / "step_00000099"
+    fake.mkdir()
+    (fake / "model.safetensors").write_bytes(b"partial")
+    assert ckpt.latest_checkpoint(run).name == "step_00000004"
+
+
+def test_resume_of_finished_run_does_nothing(tmp_path, tiny_overrides, capsys):
+    run = tmp_path / "run"
+    first = train(build_run_config(overrides=tiny_overrides + ["train.steps=4"]), run)
+    again = train(out_dir=run, resume=True)
+    assert "nothing to do" in capsys.readouterr().out and again.steps == first.steps
+
+
+def test_tiny_llama_preset_trains_from_the_cli(tmp_path):
+    from ropelab.cli import main
+
+    code = main(["train", "--preset", "tiny-llama", "--out", str(tmp_path / "r"), "--no-progress",
+                 "data.tokenizer=bytes", "data.seq_len=64", "train.steps=3", "train.micro_batch=2", "train.eval_batches=1"])
+    assert code == 0
+    assert json.loads((tmp_path / "r" / "result.json").read_text())["steps"] == 3
