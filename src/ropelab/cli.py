@@ -102,6 +102,50 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- study
+
+
+def _add_study(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="study YAML (base, variants, grid); default: the seed's fraction grid on tiny-llama")
+    p.add_argument("--out", default="study", help="study directory (default: ./study)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (CPU threads are split between them)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (runs, tokens, FLOPs, GPU-hours, memory) and stop")
+    p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the dry-run's GPU-hours (default 0.4)")
+    p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from ropelab.study.grid import default_study, expand, load_study
+    from ropelab.study.plan import print_plan
+
+    study = load_study(args.config) if args.config else default_study()
+    if args.dry_run:
+        print_plan(expand(study), args.mfu)
+        return 0
+    from ropelab.study.report import write_report
+    from ropelab.study.runner import run_study
+
+    statuses = run_study(study, args.out, jobs=args.jobs, live=not args.no_live)
+    paths = write_report(args.out)
+    failed = [k for k, v in statuses.items() if v == "failed"]
+    print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['html']}")
+    if failed:
+        print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def _add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study_dir", help="a study directory (holding runs/)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ropelab.study.report import write_report
+
+    paths = write_report(args.study_dir)
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
 # --------------------------------------------------------------------------- table
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -109,6 +153,8 @@ Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argpar
 COMMANDS: list[Command] = [
     ("train", _add_train, cmd_train, "train one model (or resume one run)"),
     ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
+    ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
+    ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
 ]
 
 

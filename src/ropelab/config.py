@@ -235,9 +235,10 @@ class TrainConfig:
     log_every: int = 1
     compile: bool = False
     progress: bool = True
+    data_parallel: int = 1  # planned data-parallel ranks: global batch = micro_batch * grad_accum * data_parallel
 
     def validate(self) -> None:
-        for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every", "log_every"):
+        for key in ("steps", "micro_batch", "grad_accum", "data_parallel", "eval_every", "eval_batches", "checkpoint_every", "log_every"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
         if self.lr <= 0:
@@ -251,7 +252,7 @@ class TrainConfig:
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum
+        return self.micro_batch * self.grad_accum * self.data_parallel
 
 
 # ------------------------------------------------------------------------------ run

@@ -164,6 +164,11 @@ def train(
         if config_path.exists() or (run_dir / "metrics.jsonl").exists():
             raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
 
+    if config.train.data_parallel != 1:
+        raise ConfigError(
+            f"train.data_parallel={config.train.data_parallel}: this trainer runs one process; "
+            "set train.data_parallel=1 and raise train.grad_accum to keep the global batch"
+        )
     device = resolve_device(config.train.device)
     loader, val_loader, manifest = prepare_data(config)
     if config.model.vocab_size is None:
