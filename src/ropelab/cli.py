@@ -146,6 +146,52 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------- memory
+
+
+def _add_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presets", default="llama-3.2-1b,pythia-1b,llama-3.1-8b", help="comma-separated model presets")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype of the duplicated (HF-style) cache")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs for the replicated vs sharded columns")
+    p.add_argument("--out", help="folder for memory.csv and memory.png")
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    import csv
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.study.memory import memory_table, plot_memory
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    for name in presets:
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"--presets: unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
+    rows = memory_table(presets, dtype=args.dtype, gpus=args.gpus)
+    table = Table(title=f"RoPE cache bytes per GPU (ropelab fp32 half-table | HF-style {args.dtype} duplicated; x{args.gpus} GPUs)")
+    for col in ("preset", "fraction", "dims", "seq_len", "ropelab", "HF-style replicated", f"HF-style sharded /{args.gpus}"):
+        table.add_column(col, justify="right")
+    gib = lambda b: f"{b / 2**30:.3f} GiB"  # noqa: E731
+    for r in rows:
+        if r["seq_len"] in (2048, 131072, 1048576, 10_000_000):
+            table.add_row(r["preset"], str(r["fraction"]), str(r["rotary_dims"]), f"{r['seq_len']:,}", gib(r["ropelab_bytes_replicated"]),
+                          gib(r["duplicated_bytes_replicated"]), gib(r["duplicated_bytes_sharded"]))
+    Console().print(table)
+    print("cache: none holds 0 bytes at any length (cos/sin computed from positions on the fly)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "memory.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        plot_memory(rows, out / "memory.png")
+        print(f"wrote {out / 'memory.csv'} and {out / 'memory.png'}")
+    return 0
+
+
 # --------------------------------------------------------------------------- table
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -154,6 +200,7 @@ COMMANDS: list[Command] = [
     ("train", _add_train, cmd_train, "train one model (or resume one run)"),
     ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
+    ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
 ]
 
