@@ -108,10 +108,18 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def _add_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="study YAML (base, variants, grid); default: the seed's fraction grid on tiny-llama")
     p.add_argument("--out", default="study", help="study directory (default: ./study)")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (CPU threads are split between them)")
+    p.add_argument("--jobs", type=int, help="runs trained at once, CPU threads split between them (default: one per CPU core without CUDA, else 1)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (runs, tokens, FLOPs, GPU-hours, memory) and stop")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the dry-run's GPU-hours (default 0.4)")
     p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
+
+
+def default_jobs() -> int:
+    import os
+
+    import torch
+
+    return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -122,10 +130,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plan(expand(study), args.mfu)
         return 0
-    from ropelab.study.report import write_report
     from ropelab.study.runner import run_study
 
-    statuses = run_study(study, args.out, jobs=args.jobs, live=not args.no_live)
+    statuses = run_study(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    from ropelab.study.report import write_report
+
     paths = write_report(args.out)
     failed = [k for k, v in statuses.items() if v == "failed"]
     print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['html']}")

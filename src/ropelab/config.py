@@ -156,7 +156,8 @@ def _llama(name, n_layer, d_model, n_head, n_kv_head, d_ff, vocab, tie, theta, *
 # config.json). `pythia-1b-released` is the partial-RoPE seed's released GPT-NeoX config for its
 # "Pythia-1B" runs: sequential blocks, RMSNorm, SwiGLU, no biases, 8 heads of 256, untied.
 MODEL_PRESETS: dict[str, ModelConfig] = {
-    "tiny-llama": _llama("tiny-llama", 4, 256, 4, 2, 704, None, True, 10_000.0, max_seq_len=8192),
+    # CPU-sized: head_dim 64 like Llama-3.2-1B, so the seed's fractions map to 0/2/6/16/32/48/64 dims.
+    "tiny-llama": _llama("tiny-llama", 4, 128, 2, 1, 384, None, True, 10_000.0, max_seq_len=8192),
     "tiny-pythia": ModelConfig(
         name="tiny-pythia", n_layer=4, d_model=256, n_head=4, d_ff=1024, block="parallel", norm="layernorm",
         mlp="gelu", attn_bias=True, mlp_bias=True, max_seq_len=8192, rope=RopeConfig(fraction=0.25),
@@ -184,7 +185,7 @@ class DataConfig:
     """Where tokens come from and how they are packed into windows."""
 
     corpus: str = "stdlib"  # "stdlib", or a prepared shard folder
-    tokenizer: str = "bpe:4096"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
+    tokenizer: str = "bytes"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
     seq_len: int = 256
     positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document
     val_percent: float = 2.0  # share of stdlib files held out for validation (stable hash of the path)

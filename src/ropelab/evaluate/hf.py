@@ -86,7 +86,6 @@ class _Arch:
     fused_qkv: bool = False  # GPT-NeoX: one query_key_value matrix, no GQA, head_dim = C / H
     partial_rope: bool = False  # rotary_pct / partial_rotary_factor is honoured
     absent_zero: tuple = ()  # ropelab parameter suffixes the HF class lacks (they are zero there)
-    export: bool = True
 
 
 _ARCHS: dict[str, _Arch] = {  # keyed by HF config.model_type
@@ -95,7 +94,7 @@ _ARCHS: dict[str, _Arch] = {  # keyed by HF config.model_type
     "qwen3": _Arch("Qwen3ForCausalLM", "Qwen3Config", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
                    _LLAMA_MODULES, qk_norm=True),
     "qwen2": _Arch("Qwen2ForCausalLM", "Qwen2Config", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
-                   _LLAMA_MODULES, attn_bias=(None, True), absent_zero=("attn.o_proj.bias",), export=False),
+                   _LLAMA_MODULES, attn_bias=(None, True), absent_zero=("attn.o_proj.bias",)),  # import only
     "gpt_neox": _Arch("GPTNeoXForCausalLM", "GPTNeoXConfig", "layernorm", "gelu", "gelu", "layer_norm_eps",
                       _NEOX_MODULES, attn_bias=("attention_bias", True), mlp_bias=(None, True),
                       fused_qkv=True, partial_rope=True),
@@ -186,7 +185,9 @@ def hf_config_for(config: ModelConfig):
     rope, D = config.rope_for_layer(0), config.head_size
     kwargs = {theirs: getattr(config, ours) for ours, theirs in _COMMON_FIELDS.items()}
     kwargs |= {"hidden_act": arch.act, arch.eps_field: config.norm_eps}
-    kwargs |= {getattr(arch, flag)[0]: getattr(config, flag) for flag in ("attn_bias", "mlp_bias") if getattr(arch, flag)[0]}
+    for flag in ("attn_bias", "mlp_bias"):  # HF fields that exist for this class (others are fixed)
+        if getattr(arch, flag)[0]:
+            kwargs[getattr(arch, flag)[0]] = getattr(config, flag)
     if arch.fused_qkv:
         kwargs["use_parallel_residual"] = config.block == "parallel"
     else:
@@ -210,7 +211,8 @@ def _read_rope(hf_config) -> tuple[float, float]:
     rope_type = params.get("rope_type", params.get("type")) or scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type != "default":
         raise ValueError(f"{hf_config.model_type}: rope_type={rope_type!r} (RoPE scaling) has no ropelab equivalent")
-    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or getattr(hf_config, "rotary_emb_base", None)
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
+    theta = theta or getattr(hf_config, "rotary_emb_base", None)  # transformers 4.x GPT-NeoX
     pct = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
     if pct is None:
         pct = getattr(hf_config, "rotary_pct", 1.0)
@@ -221,7 +223,8 @@ def _arch_of(hf_config) -> _Arch:
     arch = _ARCHS.get(getattr(hf_config, "model_type", None))
     if arch is None:
         supported = ", ".join(a.model_class for a in _ARCHS.values())
-        raise ValueError(f"model_type={getattr(hf_config, 'model_type', None)!r}: not convertible; supported: {supported}")
+        model_type = getattr(hf_config, "model_type", None)
+        raise ValueError(f"model_type={model_type!r}: not convertible; supported: {supported}")
     return arch
 
 
@@ -230,7 +233,9 @@ def model_config_from_hf(hf_config) -> ModelConfig:
     arch = _arch_of(hf_config)
     get = lambda name, default=None: getattr(hf_config, name, default)  # noqa: E731
     if get("hidden_act") != arch.act:
-        raise ValueError(f"{arch.model_class}: hidden_act={get('hidden_act')!r}; ropelab's {arch.mlp} uses {arch.act!r}")
+        raise ValueError(
+            f"{arch.model_class}: hidden_act={get('hidden_act')!r}; ropelab's {arch.mlp} uses {arch.act!r}"
+        )
     if "sliding_attention" in (get("layer_types") or []):
         raise ValueError(f"{arch.model_class}: sliding-window layers have no ropelab equivalent")
     theta, pct = _read_rope(hf_config)
@@ -238,7 +243,9 @@ def model_config_from_hf(hf_config) -> ModelConfig:
     D = C // H if arch.fused_qkv else (get("head_dim") or C // H)
     rotary_dims = int(D * pct) if arch.partial_rope else D
     if rotary_dims % 2:
-        raise ValueError(f"{arch.model_class}: {rotary_dims} rotary channels (head_dim {D} x {pct}); ropelab needs an even count")
+        raise ValueError(
+            f"{arch.model_class}: {rotary_dims} rotary channels (head_dim {D} x {pct}); ropelab needs an even count"
+        )
     flags = {
         flag: (get(field_name, default) if field_name else default)
         for flag, (field_name, default) in (("attn_bias", arch.attn_bias), ("mlp_bias", arch.mlp_bias))
