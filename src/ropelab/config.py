@@ -44,7 +44,7 @@ class RopeConfig:
     `layout` says which channels form a pair: ``half`` (rotate_half, NeoX/Llama:
     channel i pairs with i + rotary_dims/2) or ``interleaved`` (GPT-J/RoFormer:
     2i pairs with 2i+1).
-    `cache`: ``table`` keeps fp32 cos/sin for the positions seen; ``none``
+    `cache`: ``table`` keeps fp32 cos/sin for positions 0..max seen; ``none``
     computes them from the positions on every call.
     """
 
@@ -68,6 +68,8 @@ class RopeConfig:
                 raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be an even number >= 0")
             if self.rotary_dims > head_dim:
                 raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be <= head_dim ({head_dim})")
+        if self.resolve_dims(head_dim) > head_dim:
+            raise ConfigError(f"{key}.fraction={self.fraction}: needs at least 2 channels but head_dim is {head_dim}")
         if not (self.theta > 0 and math.isfinite(self.theta)):
             raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
 

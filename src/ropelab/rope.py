@@ -47,8 +47,8 @@ def inverse_frequencies(
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * frequency, shape positions.shape + (rotary_dims/2,), float32.
 
-    The product is formed and reduced modulo 2*pi in float64, so positions up to 2^52 keep
-    their angle exact to float32 precision (float32 angles lose it beyond 2^24 tokens)."""
+    The product is formed and reduced modulo 2*pi in float64, so positions up to about 2^32
+    keep their angle exact to float32 precision (float32 angles lose it beyond 2^24 tokens)."""
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=torch.float64)
     angles = torch.remainder(angles, 2 * math.pi)
     return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
