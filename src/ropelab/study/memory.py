@@ -1,0 +1,78 @@
+"""RoPE cos/sin cache memory against context length (the partial-RoPE seed's Figure 1).
+
+Three layouts are reported per preset, fraction and sequence length:
+  * ``ropelab``  – what `RotaryEmbedding` holds with ``cache: table``: cos and sin of
+    (seq_len, rotary_dims/2) in fp32, one table shared by all layers with equal settings;
+  * ``duplicated`` – the common HF / GPT-NeoX layout: cos and sin of (seq_len, rotary_dims),
+    each frequency stored twice, in the model dtype;
+  * ``none``     – ``cache: none`` computes cos/sin on the fly: 0 persistent bytes.
+Across N GPUs a cache is either replicated (every GPU holds all positions) or sharded by
+sequence (each GPU holds seq_len / N positions).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ropelab.config import ModelConfig
+from ropelab.rope import resolve_rotary_dims, table_cache_bytes
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DEFAULT_SEQ_LENS = [2**k for k in range(11, 24, 1)] + [10_000_000]
+DEFAULT_FRACTIONS = [0.0, "2ch", 0.1, 0.25, 0.5, 0.75, 1.0]
+
+
+def rotary_dims_for(config: ModelConfig, fraction) -> int:
+    if fraction == "2ch":
+        return 2
+    return resolve_rotary_dims(config.head_size, float(fraction))
+
+
+def cache_bytes(seq_len: int, rotary_dims: int, layout: str = "ropelab", dtype: str = "bf16") -> int:
+    if layout == "none" or rotary_dims == 0:
+        return 0
+    if layout == "ropelab":
+        return table_cache_bytes(seq_len, rotary_dims, 4)
+    return 2 * seq_len * rotary_dims * DTYPE_BYTES[dtype]
+
+
+def memory_table(presets: list[str], fractions=DEFAULT_FRACTIONS, seq_lens=DEFAULT_SEQ_LENS, dtype: str = "bf16",
+                 gpus: int = 1) -> list[dict]:
+    rows = []
+    for preset in presets:
+        config = ModelConfig.from_name(preset)
+        for fraction in fractions:
+            r = rotary_dims_for(config, fraction)
+            for seq_len in seq_lens:
+                row = {"preset": preset, "fraction": fraction, "rotary_dims": r, "seq_len": seq_len, "gpus": gpus}
+                for layout in ("ropelab", "duplicated"):
+                    total = cache_bytes(seq_len, r, layout, dtype)
+                    row[f"{layout}_bytes_replicated"] = total
+                    row[f"{layout}_bytes_sharded"] = -(-total // gpus)
+                rows.append(row)
+    return rows
+
+
+def plot_memory(rows: list[dict], path: Path, layout: str = "duplicated") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = sorted({r["preset"] for r in rows})
+    fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        for fraction in dict.fromkeys(r["fraction"] for r in rows if r["preset"] == preset):
+            sel = [r for r in rows if r["preset"] == preset and r["fraction"] == fraction]
+            ys = [r[f"{layout}_bytes_replicated"] / 2**30 for r in sel]
+            if not any(ys):
+                continue
+            label = "two channels" if fraction == "2ch" else f"{float(fraction):.0%}"
+            ax.plot([r["seq_len"] for r in sel], ys, marker="o", ms=3, label=f"{label} ({sel[0]['rotary_dims']} dims)")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)", ylabel="cos/sin cache (GiB, per GPU, replicated)",
+               title=f"{preset}: {layout} cache")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,145 @@
+"""Run a study: every planned run as an ordinary training run under ``DIR/runs/<id>/``.
+
+Each run is a separate ``python -m ropelab train`` process (a crash stays in its run), up to
+``jobs`` at once, with the CPU threads split between them. Finished runs (``result.json``)
+are skipped, unfinished ones resume from their last checkpoint, failed ones get
+``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
+a directory holding another grid is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from ropelab.config import ConfigError
+from ropelab.study.grid import PlannedRun, StudyConfig, expand
+from ropelab.train.checkpoint import latest_checkpoint
+from ropelab.train.loop import read_metrics
+
+
+@dataclass
+class RunState:
+    run: PlannedRun
+    status: str = "queued"  # queued, running, done, failed
+    process: Optional[subprocess.Popen] = None
+    log: Optional[object] = None
+
+
+def run_dir(study_dir: Path, run_id: str) -> Path:
+    return study_dir / "runs" / run_id
+
+
+def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) -> None:
+    """Write DIR/study.yaml, or check that the directory holds this same grid."""
+    record = {"name": study.name, "runs": {r.id: r.config.to_dict() for r in runs}}
+    path = study_dir / "study.yaml"
+    if path.exists():
+        previous = yaml.safe_load(path.read_text()) or {}
+        old = previous.get("runs", {})
+        if set(old) != set(record["runs"]) or any(old[k] != record["runs"][k] for k in old):
+            raise ConfigError(f"{study_dir}: holds runs from a different grid ({path.name} differs); choose another --out")
+        return
+    study_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
+    os.replace(tmp, path)
+
+
+def initial_status(directory: Path) -> str:
+    if (directory / "result.json").is_file():
+        return "done"
+    return "queued"
+
+
+def _command(state: RunState, directory: Path) -> list[str]:
+    base = [sys.executable, "-m", "ropelab", "train", "--out", str(directory), "--no-progress"]
+    if latest_checkpoint(directory) is not None:
+        return base + ["--resume"]
+    # never started, or died before its first checkpoint: start it afresh
+    for name in ("config.yaml", "metrics.jsonl", "error.txt"):
+        (directory / name).unlink(missing_ok=True)
+    plan = directory.parent.parent / "plan" / f"{state.run.id}.yaml"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    plan.write_text(state.run.config.to_yaml())
+    return base + ["--config", str(plan)]
+
+
+def _start(state: RunState, directory: Path, threads: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "error.txt").unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    state.log = open(directory / "train.log", "a")
+    state.process = subprocess.Popen(_command(state, directory), stdout=state.log, stderr=subprocess.STDOUT, env=env)
+    state.status = "running"
+
+
+def _finish(state: RunState, directory: Path) -> None:
+    code = state.process.wait()
+    state.log.close()
+    if code == 0 and (directory / "result.json").is_file():
+        state.status = "done"
+        return
+    state.status = "failed"
+    tail = (directory / "train.log").read_text(errors="replace").strip().splitlines()[-20:]
+    (directory / "error.txt").write_text(f"exit code {code}\n" + "\n".join(tail) + "\n")
+
+
+def _overview(states: list[RunState], study_dir: Path):
+    from rich.table import Table
+
+    table = Table(title=f"study {study_dir}")
+    for col in ("run", "status", "step", "loss", "val loss"):
+        table.add_column(col)
+    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim"}
+    for s in states:
+        rows = read_metrics(run_dir(study_dir, s.run.id))
+        last = rows[-1] if rows else {}
+        vals = [r["val_loss"] for r in rows if "val_loss" in r]
+        table.add_row(s.run.id, f"[{style[s.status]}]{s.status}", f"{last.get('step', 0)}/{s.run.config.train.steps}",
+                      f"{last['loss']:.3f}" if last else "", f"{vals[-1]:.3f}" if vals else "")
+    return table
+
+
+def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bool = True) -> dict[str, str]:
+    """Run (or continue) every run of `study` in `study_dir`; returns {run id: status}."""
+    from rich.console import Console
+    from rich.live import Live
+
+    study_dir = Path(study_dir)
+    runs = expand(study)
+    record_study(study_dir, study, runs)
+    states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
+    jobs = max(1, jobs)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    console = Console()
+    display_context = Live(_overview(states, study_dir), console=console, refresh_per_second=1) if live else contextlib.nullcontext()
+    with display_context as display:
+        while True:
+            for s in states:
+                if s.status == "running" and s.process.poll() is not None:
+                    _finish(s, run_dir(study_dir, s.run.id))
+            running = sum(s.status == "running" for s in states)
+            for s in states:
+                if running >= jobs:
+                    break
+                if s.status == "queued":
+                    _start(s, run_dir(study_dir, s.run.id), threads)
+                    running += 1
+            if display is not None:
+                display.update(_overview(states, study_dir))
+            if not any(s.status in ("queued", "running") for s in states):
+                break
+            time.sleep(1.0)
+    if not live:
+        console.print(_overview(states, study_dir))
+    return {s.run.id: s.status for s in states}
+

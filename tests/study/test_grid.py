@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+
+from ropelab.cli import main
+from ropelab.config import ConfigError
+from ropelab.study.grid import StudyConfig, default_study, expand, load_study
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").rglob("*.yaml"))
+
+
+def test_default_study_is_the_seed_fraction_grid():
+    runs = expand(default_study())
+    dims = [r.config.model.rope.resolve_dims(r.config.model.head_size) for r in runs]
+    assert [r.id for r in runs] == ["nope", "2ch", "rope10", "rope25", "rope50", "rope75", "rope100"]
+    assert dims == [0, 2, 6, 16, 32, 48, 64]
+    assert {r.config.model.name for r in runs} == {"tiny-llama"}
+
+
+def test_grid_is_a_cartesian_product_with_readable_ids():
+    study = StudyConfig(base={"preset": "tiny-pythia"}, variants=[{"name": "a", "model.rope.fraction": 0.5}],
+                        grid={"seed": [0, 1], "train.lr": [1e-3, 4e-4]})
+    runs = expand(study)
+    assert [r.id for r in runs] == ["a-seed0-lr0.001", "a-seed0-lr0.0004", "a-seed1-lr0.001", "a-seed1-lr0.0004"]
+    assert runs[3].config.seed == 1 and runs[3].config.train.lr == 4e-4 and runs[3].config.model.block == "parallel"
+
+
+@pytest.mark.parametrize("study, message", [
+    (StudyConfig(), "empty grid"),
+    (StudyConfig(grid={"model.rope.fractoin": [0.5]}), "model.rope.fractoin"),
+    (StudyConfig(grid={"seed": []}), "grid.seed"),
+    (StudyConfig(grid={"model.rope.fraction": [0.5, 2.0]}), "fraction2"),
+])
+def test_bad_grids_are_refused(study, message):
+    with pytest.raises(ConfigError, match=message):
+        expand(study)
+
+
+def test_unknown_study_key(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\ngird: {seed: [1]}\n")
+    with pytest.raises(ConfigError, match="gird"):
+        load_study(path)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_dry_runs(path, capsys):
+    if path.parent.name == "paper" or "study" in path.name:
+        assert main(["study", "--config", str(path), "--dry-run"]) == 0
+        assert "GPU-hours" in capsys.readouterr().out
+    else:
+        from ropelab.config import build_run_config, load_yaml
+        from ropelab.model import count_params_meta
+
+        config = build_run_config(load_yaml(path))
+        config.model.vocab_size = config.model.vocab_size or 4096
+        assert count_params_meta(config.model) > 0
+
+
+def test_paper_configs_carry_the_seeds_batch():
+    runs = expand(load_study(Path(__file__).parents[2] / "configs/paper/rq1-fractions-llama1b.yaml"))
+    config = runs[0].config
+    assert config.train.global_batch == 4096 and config.data.seq_len == 2048 and config.train.steps == 12_000
+    assert len(runs) == 7

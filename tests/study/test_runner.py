@@ -1,0 +1,54 @@
+import json
+
+import pytest
+
+from ropelab.config import ConfigError
+from ropelab.study.grid import StudyConfig
+from ropelab.study.runner import run_study
+from ropelab.train.checkpoint import latest_checkpoint
+
+BASE = {
+    "model": {"n_layer": 1, "d_model": 32, "n_head": 2, "n_kv_head": 1, "d_ff": 64},
+    "data": {"tokenizer": "bytes", "seq_len": 16},
+    "train": {"steps": 4, "micro_batch": 2, "eval_every": 2, "eval_batches": 1, "checkpoint_every": 2},
+}
+
+
+def study(**grid):
+    return StudyConfig(name="t", base=BASE, grid=grid or {"model.rope.fraction": [0.0, 1.0]})
+
+
+def test_runs_finish_and_are_never_recomputed(tmp_path):
+    statuses = run_study(study(), tmp_path, jobs=2, live=False)
+    assert statuses == {"fraction0": "done", "fraction1": "done"}
+    metrics = (tmp_path / "runs/fraction0/metrics.jsonl").read_text()
+    assert run_study(study(), tmp_path, live=False) == statuses
+    assert (tmp_path / "runs/fraction0/metrics.jsonl").read_text() == metrics
+
+
+def test_unfinished_run_resumes_from_its_checkpoint(tmp_path):
+    run_study(study(), tmp_path, live=False)
+    run = tmp_path / "runs/fraction1"
+    full = (run / "metrics.jsonl").read_text()
+    (run / "result.json").unlink()
+    last = latest_checkpoint(run)
+    last.rename(last.parent / ".deleted")  # as if the run died after its step-2 checkpoint
+    assert run_study(study(), tmp_path, live=False)["fraction1"] == "done"
+    assert (run / "metrics.jsonl").read_text() == full
+
+
+def test_a_different_grid_is_refused(tmp_path):
+    run_study(study(), tmp_path, live=False)
+    with pytest.raises(ConfigError, match="different grid"):
+        run_study(study(**{"model.rope.fraction": [0.5]}), tmp_path, live=False)
+
+
+def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
+    bad = StudyConfig(name="t", base={**BASE, "data": {**BASE["data"], "tokenizer": str(tmp_path / "missing.json")}},
+                      variants=[{"name": "broken"}])
+    statuses = run_study(bad, tmp_path / "bad", live=False)
+    assert statuses == {"broken": "failed"}
+    assert "missing.json" in (tmp_path / "bad/runs/broken/error.txt").read_text()
+    ok = run_study(study(), tmp_path / "ok", live=False)
+    assert set(ok.values()) == {"done"}
+    assert json.loads((tmp_path / "ok/runs/fraction0/result.json").read_text())["steps"] == 4
