@@ -137,7 +137,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     paths = write_report(args.out)
     failed = [k for k, v in statuses.items() if v == "failed"]
-    print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['html']}")
+    print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['report.html']}")
     if failed:
         print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")
     return 1 if failed else 0
@@ -145,12 +145,14 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def _add_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("study_dir", help="a study directory (holding runs/)")
+    p.add_argument("--target", type=float, help="loss for steps-to-target (default: what full RoPE reached)")
+    p.add_argument("--out", help="write the report here instead of STUDY_DIR")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ropelab.study.report import write_report
 
-    paths = write_report(args.study_dir)
+    paths = write_report(args.study_dir, target=args.target, out_dir=args.out)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
 
@@ -201,6 +203,39 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ export / import
+
+
+def _add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run directory (latest checkpoint), <run>/checkpoints/step_N, or an imported folder")
+    p.add_argument("--out", dest="out_dir", required=True, help="new folder for the Hugging Face model (must not exist or be empty)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.interchange import export_hf
+
+    info = export_hf(args.source, args.out_dir)
+    print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
+    print(f"files: {', '.join(info['files'])}")
+    print(f"tokenizer: {info['tokenizer']}")
+    return 0
+
+
+def _add_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="HF_NAME_OR_PATH", help="a Hugging Face hub name or a local model folder (Llama, Qwen2, Qwen3, GPT-NeoX)")
+    p.add_argument("--out", dest="out_dir", help="new ropelab folder, must not exist or be empty (default: runs/<model name>)")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.interchange import import_hf
+
+    out_dir = args.out_dir or f"runs/{args.source.rstrip('/').split('/')[-1]}"
+    info = import_hf(args.source, out_dir)
+    print(f"imported {info['source']} ({info['architecture']}, {info['params']:,} params) -> {info['out_dir']}")
+    print(f"wrote config.yaml, {info['checkpoint']}, import.json; tokenizer: {info['tokenizer']}")
+    return 0
+
+
 # --------------------------------------------------------------------------- table
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -211,6 +246,8 @@ COMMANDS: list[Command] = [
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
     ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
+    ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
+    ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
 ]
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ropelab.config import build_run_config
-from ropelab.study.report import COLUMNS, collect_runs, summarize, write_report
+from ropelab.study.report import write_report
+from ropelab.study.summary import COLUMNS, collect_runs, summarize
 
 STEPS = 400
 TOKENS_PER_STEP = 16 * 256

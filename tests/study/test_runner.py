@@ -57,3 +57,18 @@ def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
     ok = run_study(study(), tmp_path / "ok", live=False)
     assert set(ok.values()) == {"done"}
     assert json.loads((tmp_path / "ok/runs/fraction0/result.json").read_text())["steps"] == 4
+
+
+def test_study_command_writes_every_output(tmp_path, capsys):
+    import yaml
+
+    from ropelab.cli import main
+
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({"name": "cli", "base": BASE, "grid": {"model.rope.fraction": [0.0, 1.0]}}))
+    assert main(["study", "--config", str(config), "--out", str(tmp_path / "s"), "--no-live", "--jobs", "2"]) == 0
+    assert "2/2 runs finished" in capsys.readouterr().out
+    for name in ("summary.csv", "summary.json", "loss_curves.png", "final_loss.png", "report.md", "report.html"):
+        assert (tmp_path / "s" / name).stat().st_size > 0
+    assert main(["report", str(tmp_path / "s"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "report.html").is_file()

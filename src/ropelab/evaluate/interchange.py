@@ -180,6 +180,7 @@ def export_hf(path: str | Path, out_dir: str | Path) -> dict:
 
     hf_model = to_hf(model)
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    ids = {k: v if v is not None and v < config.model.vocab_size else None for k, v in ids.items()}  # no stray ids
     for key, value in ids.items():
         setattr(hf_model.config, key, value)
     generation = transformers.GenerationConfig(**ids)
@@ -268,22 +269,26 @@ def import_hf(name_or_path: str, out_dir: str | Path) -> dict:
         model = from_hf(hf_model).float().eval()
     except ValueError as exc:
         raise ConfigError(f"{name_or_path}: no exact ropelab equivalent: {exc}") from None
+    hf_class = type(hf_model).__name__
     del hf_model
 
     model_config = model.config
     spec, tokenizer_note = _import_tokenizer(source, model_config.vocab_size)
+    if spec == "bytes" and model_config.vocab_size < 259:
+        tokenizer_note += f" (but the model has only {model_config.vocab_size} tokens: set data.tokenizer before training)"
     config = RunConfig(model=model_config, data=DataConfig(tokenizer=spec, seq_len=min(256, model_config.max_seq_len)))
     config = build_run_config(yaml.safe_load(config.to_yaml()))  # validated, and exactly what load_model will read
     with _new_folder(out) as tmp:
         (tmp / "config.yaml").write_text(config.to_yaml())
         folder = save_weights_only(tmp, 0, model, config)
         (tmp / "import.json").write_text(json.dumps({
-            "source": name_or_path, "architecture": type(model).__name__, "transformers": transformers.__version__,
+            "source": str(Path(source).resolve()) if _is_local(name_or_path) else name_or_path, "architecture": hf_class, "transformers": transformers.__version__,
             "tokenizer": tokenizer_note,
         }, indent=2))
     return {
         "out_dir": str(out),
         "source": name_or_path,
+        "architecture": hf_class,
         "checkpoint": str(out / "checkpoints" / folder.name),
         "params": model.num_params(),
         "tokenizer": tokenizer_note,

@@ -1,0 +1,208 @@
+"""Export to / import from native Hugging Face folders: same logits (fp32, max abs diff <= 1e-4), refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from ropelab.cli import main  # noqa: E402
+from ropelab.config import ConfigError, build_run_config  # noqa: E402
+from ropelab.data.tokenizer import load_tokenizer  # noqa: E402
+from ropelab.evaluate.interchange import export_hf, import_hf, load_model, save_weights_only  # noqa: E402
+from ropelab.model import Transformer  # noqa: E402
+
+TOL = 1e-4
+TINY_BPE = [
+    "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
+    "data.tokenizer=bpe:300", "data.seq_len=32", "train.micro_batch=2", "train.steps=3", "train.eval_every=3",
+    "train.eval_batches=1", "train.checkpoint_every=3", "train.progress=false",
+]
+TEXT = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ropelab_cache):
+    from ropelab.train.loop import train
+
+    run_dir = tmp_path_factory.mktemp("interchange") / "run"
+    train(build_run_config(overrides=TINY_BPE), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "hf"
+    return out, export_hf(run, out)
+
+
+def _fake_run(run_dir, overrides, seed=0):
+    """A run folder (config.yaml + one complete checkpoint) without training: for refusals and bytes."""
+    config = build_run_config(overrides=[
+        "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.vocab_size=320",
+        "data.tokenizer=bytes", "data.seq_len=16", *overrides,
+    ])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(config.to_yaml())
+    torch.manual_seed(seed)
+    save_weights_only(run_dir, 5, Transformer(config.model), config)
+    return run_dir
+
+
+def _randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
+    return model.eval()
+
+
+def _ids(vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 20), generator=torch.Generator().manual_seed(seed))
+
+
+def _max_diff(ours: Transformer, theirs, idx: torch.Tensor) -> float:
+    with torch.no_grad():
+        a, b = ours(idx)[0], theirs(input_ids=idx).logits
+    assert a.shape == b.shape
+    return (a - b).abs().max().item()
+
+
+# ------------------------------------------------------------------ export
+
+
+def test_export_loads_natively_with_same_logits(run, exported):
+    out, info = exported
+    assert info["architecture"] == "LlamaForCausalLM" and info["step"] == 3
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= set(info["files"])
+    assert not list(out.glob("*.py")) and "auto_map" not in json.loads((out / "config.json").read_text())
+
+    ours, config = load_model(run)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(theirs).__name__ == "LlamaForCausalLM" and theirs.dtype == torch.float32
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    assert ids[0].tolist() == load_tokenizer("bpe:300").encode_batch([TEXT])[0]
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token_id == theirs.config.pad_token_id
+    assert _max_diff(ours, theirs, ids) <= TOL
+    assert _max_diff(ours, theirs, _ids(config.model.vocab_size)) <= TOL
+
+    generated = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    assert ids.shape[1] < generated.shape[1] <= ids.shape[1] + 5
+    assert isinstance(tokenizer.decode(generated[0]), str)
+
+
+def test_export_checkpoint_folder_and_never_overwrites(run, exported, tmp_path):
+    checkpoint = run / "checkpoints" / "step_00000003"
+    model, _ = load_model(checkpoint)
+    assert torch.equal(model.embed.weight, load_model(run)[0].embed.weight)
+    with pytest.raises(ConfigError, match="not empty"):
+        export_hf(checkpoint, exported[0])
+    (tmp_path / "file.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not empty"):
+        export_hf(run, tmp_path)
+    assert (tmp_path / "file.txt").read_text() == "keep me"
+
+
+def test_export_byte_tokenizer_run_skips_tokenizer(tmp_path):
+    run_dir = _fake_run(tmp_path / "bytes-run", [])
+    info = export_hf(run_dir, tmp_path / "hf")
+    assert "skipped" in info["tokenizer"] and "tokenizer.json" not in info["files"]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert theirs.generation_config.eos_token_id == 256
+    assert _max_diff(load_model(run_dir)[0], theirs, _ids(320)) <= TOL
+
+
+@pytest.mark.parametrize(
+    "override, reason",
+    [("model.rope.layout=interleaved", "layout=interleaved"), ("model.rope.fraction=0", "rotates every channel")],
+    ids=["interleaved", "nope"],
+)
+def test_export_refuses_configs_without_native_class(tmp_path, override, reason):
+    run_dir = _fake_run(tmp_path / "run", [override])
+    with pytest.raises(ConfigError, match=reason) as err:
+        export_hf(run_dir, tmp_path / "hf")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp_*"))
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "hf-folder", "incomplete"])
+def test_load_model_rejects_other_paths(tmp_path, make):
+    path = tmp_path / make
+    if make != "missing":
+        path.mkdir()
+    if make == "hf-folder":
+        (path / "config.json").write_text("{}")
+    if make == "incomplete":
+        _fake_run(tmp_path / "run", [])
+        path = tmp_path / "run" / "checkpoints" / "step_00000005"
+        (path / "COMPLETE").unlink()
+    with pytest.raises(ConfigError):
+        load_model(path)
+
+
+# ------------------------------------------------------------------ import
+
+HF_COMMON = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                 max_position_embeddings=128)
+HF_CASES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig",
+              dict(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        hidden_act="gelu", use_parallel_residual=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25})),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_import_local_hf_model(tmp_path, case):
+    model_class, config_class, kwargs = HF_CASES[case]
+    torch.manual_seed(0)
+    theirs = _randomize(getattr(transformers, model_class)(getattr(transformers, config_class)(**HF_COMMON, **kwargs)))
+    theirs.save_pretrained(tmp_path / "hf")
+    info = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    assert info["architecture"] == model_class and "bytes" in info["tokenizer"]
+    assert (tmp_path / "imported" / "checkpoints" / "step_00000000" / "COMPLETE").is_file()
+    ours, config = load_model(tmp_path / "imported")
+    assert config.data.tokenizer == "bytes" and config.model.vocab_size == 96
+    assert _max_diff(ours, theirs, _ids(96)) <= TOL
+
+
+def test_export_import_round_trip_keeps_tokenizer(run, exported, tmp_path):
+    out, _ = exported
+    info = import_hf(str(out), tmp_path / "back")
+    ours, config = load_model(tmp_path / "back")
+    assert config.data.tokenizer == str(out.resolve()) and load_tokenizer(config.data.tokenizer).vocab_size == 300
+    original, _ = load_model(run)
+    for (name, a), (_, b) in zip(original.state_dict().items(), ours.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert info["params"] == original.num_params()
+
+
+def test_import_refusals(tmp_path, exported):
+    with pytest.raises(ConfigError, match="no such model folder"):
+        import_hf(str(tmp_path / "missing"), tmp_path / "out")
+    (tmp_path / "not-a-model").mkdir()
+    with pytest.raises(ConfigError, match="could not load") as err:
+        import_hf(str(tmp_path / "not-a-model"), tmp_path / "out")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="not empty"):
+        import_hf(str(exported[0]), exported[0])
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_export_and_import(run, tmp_path, capsys):
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert "config.yaml" in capsys.readouterr().out and load_model(tmp_path / "back")
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 2  # never overwrites
+    assert main(["import", str(tmp_path / "missing")]) == 2
+    assert "no such model folder" in capsys.readouterr().err
