@@ -64,10 +64,18 @@ def _run_label(row: dict, multi_seed: bool) -> str:
     return text
 
 
+def _format_tokens(value: float, _pos=None) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
 def plot_loss_curves(rows: list[dict], runs: list[Run]) -> bytes:
     """Smoothed training loss vs tokens, a row of panels per comparison group: the whole run and
     a zoom on the last 30 % of training. Colour family = band, ▼ on top = a spike (red:
     unrecovered)."""
+    from matplotlib.ticker import FuncFormatter
     from matplotlib.transforms import blended_transform_factory
 
     by_id = {r.id: r for r in runs}
@@ -112,6 +120,7 @@ def plot_loss_curves(rows: list[dict], runs: list[Run]) -> bytes:
         ax_full.set_title(f"training loss (EMA-smoothed){name}", fontsize=10)
         ax_zoom.set_title(f"last {ZOOM_FRACTION:.0%} of training", fontsize=10)
         for ax in (ax_full, ax_zoom):
+            ax.xaxis.set_major_formatter(FuncFormatter(_format_tokens))
             ax.set_xlabel("tokens")
             ax.set_ylabel("loss")
             ax.grid(alpha=0.3)
