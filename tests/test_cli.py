@@ -29,7 +29,8 @@ def test_train_help_documents_keys(capsys):
 
 def test_memory_command_writes_table_and_plot(tmp_path, capsys):
     assert main(["memory", "--presets", "llama-3.2-1b", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "memory.png").stat().st_size > 0 and "10,000,000" in capsys.readouterr().out
+    assert (tmp_path / "memory.png").stat().st_size > 0 and "10000000" in (tmp_path / "memory.csv").read_text()
+    assert "RoPE cache bytes" in capsys.readouterr().out
 
 
 def test_memory_unknown_preset(capsys):

@@ -236,6 +236,53 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- eval
+
+
+def _add_eval_lm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, <run>/checkpoints/step_N folders or imported folders")
+    p.add_argument("--tasks", default="paper",
+                   help="`paper` (the seed's suite: arc_easy, arc_challenge, logiqa, lambada_openai, piqa, sciq, "
+                        "winogrande, wsc273, pubmedqa) or comma-separated lm-eval task names (default: paper)")
+    p.add_argument("--out", dest="out_dir", required=True, help="folder for results.json, results.md, lambada_ppl_vs_fraction.png")
+    p.add_argument("--limit", type=float, help="at most N examples per task (a fraction if < 1); for quick checks only")
+    p.add_argument("--include-path", help="folder of extra lm-eval task YAMLs")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--max-length", type=int, help="tokens per forward pass (default: the run's data.seq_len)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"], help="weights dtype (default float32)")
+
+
+def cmd_eval_lm(args: argparse.Namespace) -> int:
+    try:
+        from ropelab.evaluate.lm_eval import evaluate_lm
+    except ImportError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+    results = evaluate_lm(args.runs, args.tasks, args.out_dir, limit=args.limit, include_path=args.include_path,
+                          batch_size=args.batch_size, device=args.device, max_length=args.max_length, dtype=args.dtype)
+    print(open(results["files"]["results.md"]).read().rstrip())
+    print("wrote " + ", ".join(results["files"].values()))
+    return 0
+
+
+EVAL_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+    ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
+]
+
+
+def _add_eval(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
+    for name, add_arguments, handler, help_text in EVAL_COMMANDS:
+        q = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(q)
+        q.set_defaults(eval_handler=handler)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    return args.eval_handler(args)
+
+
 # --------------------------------------------------------------------------- table
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -248,6 +295,7 @@ COMMANDS: list[Command] = [
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
     ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
     ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
+    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` runs lm-evaluation-harness tasks"),
 ]
 
 

@@ -9,6 +9,17 @@ Conventions (see `RopeConfig` for the user-facing description):
   * ``half`` pairs channel i with i + rotary_dims/2, ``interleaved`` pairs 2i with 2i+1;
   * angles are formed in float64 (exact for positions far beyond 2^24) and cos/sin are
     stored in float32 whatever the model dtype.
+
+Two implementations of the same rotation:
+  * `apply_partial_rope` (reference, out of place): rotates a slice and concatenates the
+    pass-through channels back, so it reads and writes every channel whatever the fraction;
+  * `PartialRotary` (fast path, in place): overwrites only the first ``rotary_dims`` channels
+    of q and k, in one autograd node, and its backward rotates only the same channels of the
+    incoming gradient back (by -angle), in place. Work scales with the fraction; fraction 0
+    does nothing. `RotaryEmbedding.forward` picks it when that is safe (see `inplace_target`).
+
+Not here: a CUDA (Triton) kernel. The fast path is plain PyTorch ops and runs on any device,
+but a fused GPU kernel could not be tested where this was written, so none is shipped.
 """
 
 from __future__ import annotations
@@ -78,6 +89,157 @@ def apply_partial_rope(
     return torch.cat((rotate(x[..., :rotary_dims], cos, sin, layout), x[..., rotary_dims:]), dim=-1)
 
 
+# ------------------------------------------------------------------ in-place fast path
+
+
+def _pairs(x: torch.Tensor, rotary_dims: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the two members of every rotated pair of x (..., D): each (..., rotary_dims/2)."""
+    if layout == "half":
+        half = rotary_dims // 2
+        return x[..., :half], x[..., half:rotary_dims]
+    return x[..., 0:rotary_dims:2], x[..., 1:rotary_dims:2]
+
+
+def _rotate_pairs_(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> None:
+    """(x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) in place; by -angle when `inverse`.
+
+    Same float32 operations, in the same order, as `rotate`, so the results are bit-identical
+    to the reference; other dtypes are computed in float32 and rounded once."""
+    if x1.dtype == torch.float32:
+        a, b = x1 * sin, x2 * sin
+        if inverse:
+            x1.mul_(cos).add_(b)
+            x2.mul_(cos).sub_(a)
+        else:
+            x1.mul_(cos).sub_(b)
+            x2.mul_(cos).add_(a)
+        return
+    f1, f2 = x1.float(), x2.float()
+    if inverse:
+        n1, n2 = f1 * cos + f2 * sin, f2 * cos - f1 * sin
+    else:
+        n1, n2 = f1 * cos - f2 * sin, f2 * cos + f1 * sin
+    x1.copy_(n1)
+    x2.copy_(n2)
+
+
+def rotate_(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int, layout: str = "half",
+    inverse: bool = False,
+) -> torch.Tensor:
+    """Rotate the first `rotary_dims` channels of x (..., T, D) in place (no autograd); returns x.
+
+    Only those channels are read or written. `inverse` rotates by -angle (the transpose)."""
+    if rotary_dims:
+        _rotate_pairs_(*_pairs(x, rotary_dims, layout), cos, sin, inverse)
+    return x
+
+
+def _writable(grad: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`grad`, or a copy of it where writing into it in place would be wrong: its elements overlap
+    (an expanded gradient, e.g. of a sum) or it shares memory with `other`."""
+    if torch._debug_has_internal_overlap(grad) != 0 or (
+        other is not None and grad.untyped_storage().data_ptr() == other.untyped_storage().data_ptr()
+    ):
+        return grad.clone()
+    return grad
+
+
+class PartialRotary(torch.autograd.Function):
+    """Rotate the first `rotary_dims` channels of q and k in place, as one autograd node.
+
+    `q_target`/`k_target` are the tensors overwritten and marked dirty; `q_geom`/`k_geom` are
+    None when the target is q (k) itself, or (size, stride, offset) locating q (k), a view, inside
+    its contiguous base, the target. Rotating the base (not the view) keeps autograd from wrapping
+    the node in CopySlices, which would copy the whole gradient in backward.
+
+    backward rotates the first `rotary_dims` channels of the incoming gradients by -angle, in
+    place; the other channels are passed on untouched. The gradients are written into, as in
+    flash-attn's in-place rotary: a gradient whose elements overlap, or the two gradients sharing
+    memory, are copied first, but a gradient tensor that autograd also hands to another branch
+    (e.g. the rotated q fed to both `q + x` and attention) would be overwritten for that branch too.
+    `Attention` feeds q and k only to attention, whose gradients are fresh tensors."""
+
+    @staticmethod
+    def forward(ctx, q_target, k_target, cos, sin, rotary_dims, layout, q_geom, k_geom):
+        for target, geom in ((q_target, q_geom), (k_target, k_geom)):
+            view = target if geom is None else target.as_strided(geom[0], geom[1], target.storage_offset() + geom[2])
+            rotate_(view, cos, sin, rotary_dims, layout)
+        ctx.mark_dirty(q_target, k_target)
+        ctx.save_for_backward(cos, sin)
+        ctx.rotary_dims, ctx.layout, ctx.geoms = rotary_dims, layout, (q_geom, k_geom)
+        return q_target, k_target
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):
+        cos, sin = ctx.saved_tensors
+        grad_q = _writable(grad_q)
+        grad_k = _writable(grad_k, grad_q)
+        grads = []
+        for grad, geom in zip((grad_q, grad_k), ctx.geoms):
+            if geom is None:
+                rotate_(grad, cos, sin, ctx.rotary_dims, ctx.layout, inverse=True)
+            else:
+                if not grad.is_contiguous():  # the view's geometry assumes the base's (contiguous) strides
+                    grad = grad.contiguous()
+                view = grad.as_strided(geom[0], geom[1], grad.storage_offset() + geom[2])
+                rotate_(view, cos, sin, ctx.rotary_dims, ctx.layout, inverse=True)
+            grads.append(grad)
+        return grads[0], grads[1], None, None, None, None, None, None
+
+
+def inplace_target(x: torch.Tensor) -> Optional[tuple[torch.Tensor, Optional[tuple]]]:
+    """Where `PartialRotary` may write x's rotation under autograd, or None if it may not.
+
+    (x, None) for a non-leaf tensor that is not a view; (base, geometry) for a plain view of a
+    contiguous non-leaf base (e.g. q = proj(x).view(B, T, H, D).transpose(1, 2)). None for a leaf,
+    a view of a leaf, or a view autograd forbids writing into (made by a multi-output op such as
+    split/unbind/chunk, in no-grad mode, or inside a custom Function)."""
+    if not x.requires_grad:
+        return None
+    base = x._base
+    if base is None:
+        return (x, None) if x.grad_fn is not None else None
+    if base.grad_fn is None or not base.is_contiguous() or base._base is not None:
+        return None
+    if torch._C._autograd._get_creation_meta(x) != torch._C._autograd.CreationMeta.DEFAULT:
+        return None
+    return base, (tuple(x.shape), tuple(x.stride()), x.storage_offset() - base.storage_offset())
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def partial_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int,
+    layout: str = "half", force: bool = False,
+) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """Rotate q and k in place when it is safe; None when the caller must use the reference.
+
+    Under autograd (grad enabled and q or k requiring grad) both must pass `inplace_target`.
+    Without autograd only `force` rotates in place (the caller then owns q and k)."""
+    if rotary_dims == 0:
+        return q, k
+    if _shares_memory(q, k):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        targets = inplace_target(q), inplace_target(k)
+        if None in targets or _shares_memory(targets[0][0], targets[1][0]):
+            return None
+        (q_target, q_geom), (k_target, k_geom) = targets
+        if q_geom is not None and q._view_func(q_target).stride() != q.stride():
+            return None
+        if k_geom is not None and k._view_func(k_target).stride() != k.stride():
+            return None
+        q_out, k_out = PartialRotary.apply(q_target, k_target, cos, sin, rotary_dims, layout, q_geom, k_geom)
+        # Views of the rotated bases with q's and k's own shapes (view ops replayed: cheap backward).
+        return (q_out if q_geom is None else q._view_func(q_out), k_out if k_geom is None else k._view_func(k_out))
+    if not force:
+        return None
+    return rotate_(q, cos, sin, rotary_dims, layout), rotate_(k, cos, sin, rotary_dims, layout)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE for one layer setting: frequencies, an optional cos/sin table, and the rotation.
 
@@ -93,6 +255,8 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = inverse_frequencies(self.rotary_dims, head_dim, config.theta, config.style)
         self.cos_table: Optional[torch.Tensor] = None
         self.sin_table: Optional[torch.Tensor] = None
+        # None: in place when safe (training); True: also without grad (inference); False: never.
+        self.inplace: Optional[bool] = None
 
     @property
     def theta(self) -> float:
@@ -120,10 +284,23 @@ class RotaryEmbedding(nn.Module):
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k."""
+        """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k.
+
+        With ``inplace`` None (auto) q and k are rotated in place, by `PartialRotary`, when
+        autograd guarantees that is safe: both are non-leaf tensors requiring grad (the fresh
+        outputs of projections, as in `Attention`), or views of such tensors, and they share
+        no memory. Then the tensors passed in hold the rotated values afterwards. Otherwise
+        (no grad, leaf tensors, q and k aliasing, under torch.compile) the reference
+        `apply_partial_rope` returns new tensors and leaves the inputs alone.
+        ``inplace = True`` also rotates tensors that need no grad in place (inference).
+        ``inplace = False`` always uses the reference."""
         if self.rotary_dims == 0:
             return q, k
         cos, sin = self.cos_sin(position_ids)
+        if self.inplace is not False and not torch.compiler.is_compiling():
+            rotated = partial_rotary(q, k, cos, sin, self.rotary_dims, self.layout, force=bool(self.inplace))
+            if rotated is not None:
+                return rotated
         return (
             apply_partial_rope(q, cos, sin, self.rotary_dims, self.layout),
             apply_partial_rope(k, cos, sin, self.rotary_dims, self.layout),

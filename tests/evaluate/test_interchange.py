@@ -77,7 +77,7 @@ def _max_diff(ours: Transformer, theirs, idx: torch.Tensor) -> float:
 
 def test_export_loads_natively_with_same_logits(run, exported):
     out, info = exported
-    assert info["architecture"] == "LlamaForCausalLM" and info["step"] == 3
+    assert info["architecture"] == "LlamaForCausalLM" and info["route"] == "native" and info["step"] == 3
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= set(info["files"])
     assert not list(out.glob("*.py")) and "auto_map" not in json.loads((out / "config.json").read_text())
 
@@ -122,12 +122,11 @@ def test_export_byte_tokenizer_run_skips_tokenizer(tmp_path):
     [("model.rope.layout=interleaved", "layout=interleaved"), ("model.rope.fraction=0", "rotates every channel")],
     ids=["interleaved", "nope"],
 )
-def test_export_refuses_configs_without_native_class(tmp_path, override, reason):
+def test_export_without_native_class_ships_remote_code(tmp_path, override, reason):
     run_dir = _fake_run(tmp_path / "run", [override])
-    with pytest.raises(ConfigError, match=reason) as err:
-        export_hf(run_dir, tmp_path / "hf")
-    assert "\n" not in str(err.value)
-    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp_*"))
+    info = export_hf(run_dir, tmp_path / "hf")  # see test_remote_code.py for the loading and the logits
+    assert info["route"] == "remote_code" and reason in info["why"] and "modeling_ropelab.py" in info["files"]
+    assert not list(tmp_path.glob(".tmp_*"))
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "hf-folder", "incomplete"])

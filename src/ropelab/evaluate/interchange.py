@@ -3,14 +3,17 @@
   load_model(path)              a run directory (latest complete checkpoint), one checkpoint folder
                                 ``<run>/checkpoints/step_N/``, or a folder written by `import_hf`
                                 -> (Transformer, RunConfig), fp32 on the CPU, eval mode
-  export_hf(path, out_dir)      `to_hf(model).save_pretrained(out_dir)` (safetensors, no remote code),
-                                generation_config.json, and the tokenizer when it is tokenizers-backed
+  export_hf(path, out_dir)      `save_hf` of the run's model, with its tokenizer when tokenizers-backed
+  save_hf(model, out_dir)       `to_hf(model).save_pretrained(out_dir)` (safetensors, no remote code)
+                                when a native class is exactly equivalent, else ropelab's modeling code
+                                shipped in the folder (`remote_code`, trust_remote_code=True); plus
+                                generation_config.json
   import_hf(name_or_path, dir)  `AutoModelForCausalLM.from_pretrained` -> `from_hf` -> a run-like folder:
                                 config.yaml + checkpoints/step_00000000/ (a step-0 checkpoint)
 
 Both writers refuse an existing non-empty `out_dir` and build the folder under a temporary name
 next to it, renamed into place when complete, so a failure never leaves a half-written folder.
-User mistakes (wrong path, no native HF class, offline hub) raise a one-line `ConfigError`.
+User mistakes (wrong path, non-empty out_dir, offline hub) raise a one-line `ConfigError`.
 """
 
 from __future__ import annotations
@@ -158,48 +161,72 @@ def _hf_tokenizer(tokenizer, max_len: int):
     )
 
 
-def export_hf(path: str | Path, out_dir: str | Path) -> dict:
-    """Write the run/checkpoint at `path` as a native transformers model folder `out_dir`.
+def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = None, tokenizer=None) -> dict:
+    """Write `model` (its config is `model.config`) as a Hugging Face folder `out_dir`, no run needed.
 
-    Returns a summary: out_dir, architecture (HF class), checkpoint, step, files, tokenizer (what was
-    done about it). Raises ConfigError for configurations without an exact native HF class (the reason
-    comes from `hf_architecture`; no remote code is ever written) and for a non-empty `out_dir`."""
+    Route "native": the exactly equivalent transformers class (`hf_architecture`), no remote code.
+    Route "remote_code" when there is none: ropelab's own modeling code ships in the folder with
+    `auto_map` (see `remote_code`); load it with `trust_remote_code=True`. `token_ids`: bos/eos/pad
+    ids for the configs (ids outside the vocabulary are dropped); `tokenizer`: a transformers
+    tokenizer saved alongside. Returns route, architecture, files, and why (no native class)."""
+    from ropelab.evaluate import remote_code
     from ropelab.evaluate.hf import _ARCHS, hf_architecture, to_hf
 
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # fail before loading anything
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: already exists and is not empty; choose a new --out (nothing is overwritten)")
     transformers = _transformers()
-    model, config = load_model(path)
-    _, folder = resolve_checkpoint(path)
     try:
-        arch = _ARCHS[hf_architecture(config.model)]
+        arch, why = _ARCHS[hf_architecture(model.config)].model_class, None
     except ValueError as exc:
-        raise ConfigError(f"{path}: no native Hugging Face equivalent: {exc}") from None
-    tokenizer, skipped = _export_tokenizer(config)
-
-    hf_model = to_hf(model)
-    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-    ids = {k: v if v is not None and v < config.model.vocab_size else None for k, v in ids.items()}  # no stray ids
+        arch, why = None, str(exc)
+    hf_model = to_hf(model) if why is None else remote_code.to_remote_hf(model)
+    vocab = model.config.vocab_size
+    ids = {k: v if v is not None and v < vocab else None for k, v in (token_ids or {}).items()}  # no stray ids
     for key, value in ids.items():
         setattr(hf_model.config, key, value)
-    generation = transformers.GenerationConfig(**ids)
+    generation = transformers.GenerationConfig(**ids, **({} if why is None else {"use_cache": False}))
     hf_model.generation_config = generation
     with _new_folder(out) as tmp:
         hf_model.save_pretrained(tmp, safe_serialization=True)
         if not (tmp / "generation_config.json").is_file():
             generation.save_pretrained(tmp)
-        if skipped is None:
-            _hf_tokenizer(tokenizer, config.model.max_seq_len).save_pretrained(tmp)
+        if why is not None:
+            remote_code.write_remote_code(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         files = sorted(p.name for p in tmp.iterdir())
+    info = {"route": "native" if why is None else "remote_code", "architecture": arch or type(hf_model).__name__}
+    return info | {"files": files} | ({} if why is None else {"why": why})
+
+
+def export_hf(path: str | Path, out_dir: str | Path) -> dict:
+    """Write the run/checkpoint at `path` as a Hugging Face model folder `out_dir` (see `save_hf`):
+    its native transformers class when one is exactly equivalent, else with ropelab's modeling code
+    (load with trust_remote_code=True).
+
+    Returns a summary: out_dir, route ("native" | "remote_code"), architecture (HF class), checkpoint,
+    step, files, tokenizer (what was done about it), and why (no native class) for remote code.
+    Raises ConfigError for a non-empty `out_dir`."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # fail before loading anything
+        raise ConfigError(f"{out}: already exists and is not empty; choose a new --out (nothing is overwritten)")
+    _transformers()
+    model, config = load_model(path)
+    _, folder = resolve_checkpoint(path)
+    tokenizer, skipped = _export_tokenizer(config)
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    hf_tokenizer = None if skipped else _hf_tokenizer(tokenizer, config.model.max_seq_len)
+    info = save_hf(model, out, token_ids=ids, tokenizer=hf_tokenizer)
     return {
         "out_dir": str(out),
-        "architecture": arch.model_class,
+        "route": info["route"],
+        "architecture": info["architecture"],
         "checkpoint": str(folder),
         "step": int(_STEP.fullmatch(folder.name)[1]),
-        "files": files,
+        "files": info["files"],
         "tokenizer": skipped or f"saved ({config.data.tokenizer}, {tokenizer.vocab_size} tokens)",
-    }
+    } | ({"why": info["why"]} if "why" in info else {})
 
 
 # ------------------------------------------------------------------ import
@@ -295,4 +322,4 @@ def import_hf(name_or_path: str, out_dir: str | Path) -> dict:
     }
 
 
-__all__ = ["load_model", "resolve_checkpoint", "export_hf", "import_hf", "save_weights_only"]
+__all__ = ["load_model", "resolve_checkpoint", "export_hf", "save_hf", "import_hf", "save_weights_only"]

@@ -1,0 +1,685 @@
+"""lm-evaluation-harness on ropelab runs: a model class for the harness, the seed's task suite, reports.
+
+  RopelabLM                     the harness model "ropelab": ``--model ropelab --model_args
+                                pretrained=RUN_OR_CHECKPOINT[,batch_size=8,device=cuda,max_length=N,...]``
+  evaluate_lm(runs, tasks, out) every run on every task -> results.json, results.md (a column per run,
+                                a row per task/metric) and, with LAMBADA, lambada_ppl_vs_fraction.png
+  PAPER_TASKS / PAPER_METRICS   the partial-RoPE seed's zero-shot suite and the metric reported per task
+
+How the harness finds "ropelab". lm-eval (0.4.x up to at least 0.4.13) resolves ``--model NAME`` only
+through its in-process registry, filled by ``lm_eval.models`` and by whatever module the caller has
+imported; it reads no entry points. Ways that work:
+
+  * ``ropelab eval lm RUN ... --tasks paper --out DIR``  (uses this module directly);
+  * ``python -m ropelab.evaluate.lm_eval run --model ropelab --model_args pretrained=RUN --tasks ...``
+    or the console script ``ropelab-lm-eval ...``: lm-eval's own CLI, arguments unchanged, with this
+    module imported first;
+  * in Python: ``import ropelab.evaluate.lm_eval`` before ``lm_eval.simple_evaluate(model="ropelab", ...)``.
+
+The package also declares ``[project.entry-points."lm_eval.models"] ropelab = ...``: lm-eval releases
+with entry-point plugin discovery (lm-evaluation-harness PR #4013) then find it from the plain ``lm_eval``
+CLI with nothing imported by hand.
+
+Scoring follows the harness's HF backend (``HFLM``) so numbers agree with ``--model hf`` on an
+exported folder: the same context/continuation split, left truncation to ``max_length`` and rolling
+windows. Two defaults differ, on purpose: ``max_length`` is the run's training context
+(``data.seq_len``, not the 8192+ of the HF config), and the prefix token used for empty contexts and
+rolling windows is EOS (what ropelab training puts between documents; HFLM picks BOS when the
+tokenizer defines one, and ropelab never trains BOS). For identical numbers through ``--model hf`` pass
+``max_length=<seq_len>,prefix_token_id=<eos id>`` there, or ``max_length=...,prefix_token_id=...`` here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+from urllib.parse import urlsplit
+
+import torch
+import torch.nn.functional as F
+
+from ropelab.config import ConfigError
+
+try:
+    import lm_eval
+    import lm_eval.models  # noqa: F401 - fills the registry with the built-in models (get_model only
+    # imports them into an *empty* registry, and registering "ropelab" first would hide "hf" & co.)
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        f"ropelab.evaluate.lm_eval needs lm-evaluation-harness ({exc}): pip install 'ropelab[eval]'"
+    ) from exc
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------ the seed's suite
+
+PAPER_TASKS: list[str] = [
+    "arc_easy", "arc_challenge", "logiqa", "lambada_openai", "piqa", "sciq", "winogrande",
+    "wsc273",  # the seed's "WSC": the 273-problem Winograd Schema Challenge (the harness's `wsc` is SuperGLUE's)
+    "pubmedqa",
+]
+PAPER_METRICS: dict[str, list[str]] = {
+    "arc_easy": ["acc_norm"], "arc_challenge": ["acc_norm"], "logiqa": ["acc_norm"],
+    "lambada_openai": ["acc", "perplexity"], "piqa": ["acc_norm"], "sciq": ["acc_norm"],
+    "winogrande": ["acc"], "wsc273": ["acc"], "pubmedqa": ["acc"],
+}
+_PERPLEXITY_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
+_PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "webdataset", "imagefolder", "audiofolder"}
+_LOWER_IS_BETTER = set(_PERPLEXITY_METRICS)
+
+# ------------------------------------------------------------------ the harness model
+
+
+def _as_int(value: Any, key: str) -> Optional[int]:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"model_args {key}={value!r}: expected an integer") from None
+
+
+def _parse_batch_size(value: Any) -> int:
+    if value is None:
+        return 8
+    text = str(value)
+    if text.startswith("auto"):
+        log.warning("ropelab: batch_size=%s: no automatic batch sizing, using 8", text)
+        return 8
+    size = _as_int(text, "batch_size")
+    if size is None or size < 1:
+        raise ConfigError(f"model_args batch_size={value!r}: must be >= 1")
+    return size
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else torch.float32
+    if name not in table:
+        raise ConfigError(f"model_args dtype={name!r}: choose float32, bfloat16, float16 or auto")
+    return table[name]
+
+
+def effective_rope_fraction(config) -> float:
+    """Rotated channels over head channels, averaged over layers (per-layer overrides included)."""
+    c = config.model if hasattr(config, "model") else config
+    dims = [c.rope_for_layer(layer).resolve_dims(c.head_size) for layer in range(c.n_layer)]
+    return sum(dims) / (len(dims) * c.head_size)
+
+
+class RopelabLM(TemplateLM):
+    """A ropelab run, checkpoint or imported folder as an lm-eval model (fp32 on CUDA when present).
+
+    model_args: pretrained (required), batch_size (8), device (cuda if available, else cpu),
+    max_length (the run's data.seq_len), max_gen_toks (256), prefix_token_id (EOS), dtype
+    (float32 | bfloat16 | float16 | auto). Generation is greedy; ``until`` strings and EOS stop it."""
+
+    def __init__(
+        self,
+        pretrained: str,
+        batch_size: Any = 8,
+        max_batch_size: Any = None,  # passed by the harness; no automatic sizing here
+        device: Optional[str] = None,
+        max_length: Any = None,
+        max_gen_toks: Any = 256,
+        prefix_token_id: Any = None,
+        dtype: str = "float32",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        from ropelab.data.tokenizer import load_tokenizer
+        from ropelab.evaluate.interchange import load_model, resolve_checkpoint
+
+        if kwargs:
+            log.warning("ropelab: ignoring unknown model_args %s", ", ".join(sorted(kwargs)))
+        self.pretrained = str(pretrained)
+        model, config = load_model(self.pretrained)
+        self.checkpoint = str(resolve_checkpoint(self.pretrained)[1])
+        data = config.data
+        self.rope_tokenizer = load_tokenizer(data.tokenizer, data.corpus, data.val_percent)
+        if self.rope_tokenizer.vocab_size > config.model.vocab_size:
+            raise ConfigError(
+                f"{pretrained}: tokenizer {data.tokenizer!r} has {self.rope_tokenizer.vocab_size} tokens, "
+                f"the model {config.model.vocab_size}; not the run's tokenizer"
+            )
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            log.warning("ropelab: device=%s but CUDA is not available; using the CPU", device)  # HFLM does the same
+            device = "cpu"
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _dtype(str(dtype), self._device)
+        self.model = model.to(self._device, self.dtype).eval()
+        self.run_config = config
+        self._batch_size = _parse_batch_size(batch_size)
+        self._max_length = _as_int(max_length, "max_length") or data.seq_len
+        self._max_gen_toks = _as_int(max_gen_toks, "max_gen_toks") or 256
+        self._prefix = _as_int(prefix_token_id, "prefix_token_id")
+        self.rope_fraction = effective_rope_fraction(config)
+        self._warned_sampling = False
+
+    # ---------------------------------------------------------------- harness properties
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.rope_tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.eot_token_id if self._prefix is None else self._prefix
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"ropelab:{self.run_config.data.tokenizer}"
+
+    def get_model_info(self) -> dict:
+        return {
+            "ropelab_checkpoint": self.checkpoint,
+            "model_num_parameters": self.model.num_params(),
+            "effective_rope_fraction": self.rope_fraction,
+            "max_length": self.max_length,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
+        return self.rope_tokenizer.encode_batch([string])[0]  # ropelab tokenizers add no special tokens
+
+    def tok_decode(self, tokens: Iterable[int], **kwargs: Any) -> str:
+        return self.rope_tokenizer.decode([int(t) for t in tokens])
+
+    # ---------------------------------------------------------------- scoring
+
+    @torch.no_grad()
+    def _score(self, pairs: Sequence[tuple[list[int], list[int]]], disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        """(sum of continuation log-probs, continuation is the greedy one) per (context, continuation),
+        the input left-truncated to max_length tokens as HFLM does."""
+        results: list[Optional[tuple[float, bool]]] = [None] * len(pairs)
+        inputs = []
+        for context, continuation in pairs:
+            if not continuation:
+                raise ValueError("ropelab: empty continuation")
+            if len(continuation) > self.max_length:
+                raise ValueError(f"ropelab: continuation of {len(continuation)} tokens > max_length {self.max_length}")
+            inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
+        order = sorted(range(len(pairs)), key=lambda i: -len(inputs[i]))
+        pad = self.eot_token_id
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            width = len(inputs[chunk[0]])
+            batch = torch.full((len(chunk), width), pad, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                batch[row, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
+            hidden = self.model.hidden_states(batch.to(self.device))  # right padding: causal, never attended
+            for row, i in enumerate(chunk):
+                n, target = len(inputs[i]), pairs[i][1]
+                logits = self.model.lm_head(hidden[row, n - len(target): n]).float()  # (len(target), V)
+                logprobs = F.log_softmax(logits, dim=-1)
+                target_t = torch.tensor(target, dtype=torch.long, device=logprobs.device)
+                score = logprobs.gather(-1, target_t[:, None]).sum().item()
+                results[i] = (float(score), bool((logprobs.argmax(-1) == target_t).all()))
+        return results  # type: ignore[return-value]
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        results = self._score([(context, continuation) for _, context, continuation in requests], disable_tqdm)
+        for (request, _, _), answer in zip(requests, results):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        windows, owners = [], []
+        for index, request in enumerate(requests):
+            (string,) = request.args
+            for window in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1,
+            ):
+                windows.append(make_disjoint_window(window))
+                owners.append(index)
+        totals = [0.0] * len(requests)
+        for owner, (score, _) in zip(owners, self._score(windows, disable_tqdm)):
+            totals[owner] += score
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    # ---------------------------------------------------------------- generation
+
+    @torch.no_grad()
+    def _greedy(self, contexts: list[list[int]], until: list[str], max_new: int) -> list[str]:
+        """Greedy continuation of each context (right-padded batch, no KV cache), stopped by EOS,
+        by any of `until` in the decoded text, or after max_new tokens; the text before the first stop."""
+        eos = self.eot_token_id
+        generated: list[list[int]] = [[] for _ in contexts]
+        done = [False] * len(contexts)
+        for _ in range(max_new):
+            live = [i for i, d in enumerate(done) if not d]
+            if not live:
+                break
+            seqs = [contexts[i] + generated[i] for i in live]
+            width = max(len(s) for s in seqs)
+            batch = torch.full((len(live), width), eos, dtype=torch.long)
+            for row, seq in enumerate(seqs):
+                batch[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            hidden = self.model.hidden_states(batch.to(self.device))
+            last = torch.stack([hidden[row, len(seq) - 1] for row, seq in enumerate(seqs)])
+            next_ids = self.model.lm_head(last).float().argmax(-1).tolist()
+            for i, token in zip(live, next_ids):
+                if token == eos:
+                    done[i] = True
+                    continue
+                generated[i].append(int(token))
+                if until and any(stop in self.tok_decode(generated[i]) for stop in until):
+                    done[i] = True
+        texts = []
+        for ids in generated:
+            text = self.tok_decode(ids)
+            for stop in until:
+                if stop:
+                    text = text.split(stop)[0]
+            texts.append(text)
+        return texts
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        groups: dict[tuple, list[int]] = {}
+        settings = []
+        for index, request in enumerate(requests):
+            context, gen_kwargs = request.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = _as_int(
+                gen_kwargs.pop("max_gen_toks", None) or gen_kwargs.pop("max_new_tokens", None), "max_gen_toks"
+            ) or self.max_gen_toks
+            if (gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0) or 0) > 0) and not self._warned_sampling:
+                log.warning("ropelab: sampling requested (%s); generating greedily", gen_kwargs)
+                self._warned_sampling = True
+            settings.append((context, until, max_new))
+            groups.setdefault((tuple(until), max_new), []).append(index)
+        out: list[Optional[str]] = [None] * len(requests)
+        for (until, max_new), indices in groups.items():
+            budget = self.max_length - max_new
+            if budget <= 0:
+                raise ConfigError(f"max_gen_toks={max_new} leaves no room for a context in max_length={self.max_length}")
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start:start + self.batch_size]
+                contexts = [(self.tok_encode(settings[i][0]) or [self.prefix_token_id])[-budget:] for i in chunk]
+                for i, text in zip(chunk, self._greedy(contexts, list(until), max_new)):
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return out  # type: ignore[return-value]
+
+
+def _register() -> None:
+    try:
+        register_model("ropelab")(RopelabLM)
+    except ValueError:  # already there as an entry-point placeholder for this very class
+        pass
+
+
+_register()
+
+# ------------------------------------------------------------------ network / datasets
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _probe(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to host:port opens within `timeout` seconds (DNS included)."""
+    outcome: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(True)
+        except OSError:
+            outcome.append(False)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(outcome and outcome[0])
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (``$HF_ENDPOINT``, or the HTTPS proxy) accepts a connection."""
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or os.environ.get("ALL_PROXY") or os.environ.get("all_proxy")
+    target = urlsplit(proxy if "://" in (proxy or "") else f"http://{proxy}") if proxy else endpoint
+    port = target.port or (443 if target.scheme == "https" else 80)
+    return bool(target.hostname) and _probe(target.hostname, port, timeout)
+
+
+def set_hub_offline() -> None:
+    """Hub and datasets offline mode, also for modules that read the variables at import."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = True
+    config = sys.modules.get("datasets.config")
+    if config is not None:
+        config.HF_HUB_OFFLINE = True
+        config.HF_DATASETS_OFFLINE = True
+
+
+def _cfg(entry) -> dict:
+    cfg = getattr(entry, "cfg", None) if not isinstance(entry, dict) else entry.get("cfg")
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _dataset_of(entry) -> str:
+    cfg = _cfg(entry)
+    path, name = cfg.get("dataset_path"), cfg.get("dataset_name")
+    if not path:
+        return "its dataset"
+    return f"{path}" + (f" ({name})" if name else "")
+
+
+def _needs_hub(entry) -> bool:
+    cfg = _cfg(entry)
+    path = cfg.get("dataset_path")
+    if path is None:
+        return True  # a Python task or a group: cannot tell, assume it may download
+    return str(path) not in _PACKAGED_BUILDERS and not Path(str(path)).expanduser().exists()
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
+
+
+def _task_manager(names: list[str], include_path: Optional[str]):
+    """A TaskManager that knows every name; only the include path is indexed when it holds them all
+    (indexing the harness's built-in tasks takes ~10 s)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"--include-path {include_path}: no such directory")
+    if include_path is not None:
+        try:
+            manager = TaskManager(include_path=str(include_path), include_defaults=False)
+        except TypeError:  # an lm-eval without include_defaults
+            manager = None
+        if manager is not None and all(name in manager.all_tasks for name in names):
+            return manager
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    unknown = [name for name in names if name not in manager.all_tasks]
+    if unknown:
+        hints = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
+        hint = f"; did you mean {', '.join(hints)}?" if hints else "; list them with `lm-eval ls tasks`"
+        raise ConfigError(f"--tasks: unknown task {unknown[0]!r} in lm-eval {lm_eval.__version__}{hint}")
+    return manager
+
+
+def load_tasks(names: list[str], include_path: Optional[str] = None, probe_timeout: float = 3.0):
+    """(TaskManager, {name: loaded}) after checking that every task's dataset can be read; a dataset
+    that cannot be fetched raises ConfigError naming the task and the dataset. When the hub is
+    unreachable, offline mode is switched on first so that cached datasets load and others fail at once."""
+    manager = _task_manager(names, include_path)
+    offline = _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE")
+    index = getattr(manager, "task_index", {}) or {}
+    if not offline and any(_needs_hub(index.get(n)) for n in names) and not hub_reachable(probe_timeout):
+        offline = True
+        log.info("ropelab: the Hugging Face hub is unreachable; using cached datasets only (offline mode)")
+    if offline:
+        set_hub_offline()
+    loaded = {}
+    for name in names:
+        try:
+            if hasattr(manager, "load"):
+                loaded[name] = manager.load([name])
+            else:  # lm-eval before TaskManager.load
+                from lm_eval.tasks import get_task_dict
+
+                loaded[name] = get_task_dict([name], manager)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - network, missing cache, bad config: one line naming the dataset
+            why = "offline and not in the local cache" if offline else "could not be loaded"
+            raise ConfigError(
+                f"task {name}: dataset {_dataset_of(index.get(name))} {why} ({_one_line(exc)})"
+            ) from None
+    return manager, loaded
+
+
+# ------------------------------------------------------------------ results
+
+
+def select_metrics(task: str, metrics: dict[str, Any]) -> list[str]:
+    """The metrics reported for `task`: the seed's choice for its suite; otherwise acc_norm (else acc)
+    plus any perplexity-style metric; otherwise every metric."""
+    available = {key.split(",")[0] for key in metrics if "_stderr" not in key and key != "alias" and "," in key}
+    if task in PAPER_METRICS:
+        return [m for m in PAPER_METRICS[task] if m in available]
+    chosen = ["acc_norm"] if "acc_norm" in available else ["acc"] if "acc" in available else []
+    chosen += [m for m in _PERPLEXITY_METRICS if m in available]
+    return chosen or sorted(available)
+
+
+def _metric_value(metrics: dict[str, Any], metric: str) -> tuple[Optional[float], Optional[float]]:
+    def number(value):
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    for key, value in metrics.items():
+        if key.split(",")[0] == metric:
+            stderr = next((v for k, v in metrics.items() if k.split(",")[0] == f"{metric}_stderr"), None)
+            return number(value), number(stderr)
+    return None, None
+
+
+def _labels(paths: list[str]) -> list[str]:
+    labels = []
+    for raw in paths:
+        p = Path(raw).resolve()
+        label = f"{p.parent.parent.name}@{p.name}" if p.parent.name == "checkpoints" else p.name
+        labels.append(label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        if labels.count(label) > 1:
+            seen[label] = seen.get(label, 0) + 1
+            labels[i] = f"{label}#{seen[label]}"
+    return labels
+
+
+def _format(metric: str, value: Optional[float], stderr: Optional[float]) -> str:
+    if value is None:
+        return "–"
+    digits = 2 if metric in _LOWER_IS_BETTER and metric != "bits_per_byte" else 4
+    text = f"{value:.{digits}f}"
+    if stderr is not None and math.isfinite(stderr):
+        text += f" ± {stderr:.{digits}f}"
+    return text
+
+
+def results_markdown(results: dict) -> str:
+    runs = results["runs"]
+    header = "| task | metric | " + " | ".join(r["label"] for r in runs) + " |"
+    lines = [header, "|" + "---|" * (len(runs) + 2)]
+    for task in results["tasks"]:
+        metrics: list[str] = []
+        for run in runs:
+            metrics += [m for m in run["metrics"].get(task, {}) if m not in metrics]
+        for metric in metrics:
+            cells = [_format(metric, *(r["metrics"].get(task, {}).get(metric) or (None, None))) for r in runs]
+            arrow = "↓" if metric in _LOWER_IS_BETTER else "↑"
+            lines.append(f"| {task} | {metric} {arrow} | " + " | ".join(cells) + " |")
+    limit = results.get("limit")
+    note = (f"lm-eval {results['lm_eval_version']}, zero-shot" + (f", limit {limit} per task" if limit else "")
+            + "; runs: " + ", ".join(f"{r['label']} = {r['checkpoint']} (RoPE fraction {r['effective_rope_fraction']:.3g})" for r in runs))
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def plot_lambada(results: dict, path: Path) -> Optional[Path]:
+    """LAMBADA perplexity against each run's effective RoPE fraction (the seed's Figure 5)."""
+    points = []
+    for run in results["runs"]:
+        for task, metrics in run["metrics"].items():
+            if task.startswith("lambada") and metrics.get("perplexity") and metrics["perplexity"][0] is not None:
+                points.append((run["effective_rope_fraction"], metrics["perplexity"][0], run["label"], task))
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for task in sorted({p[3] for p in points}):
+        series = sorted(p for p in points if p[3] == task)
+        ax.plot([p[0] for p in series], [p[1] for p in series], "o-", label=task)
+        for x, y, label, _ in series:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if all(p[1] > 0 for p in points) and max(p[1] for p in points) / min(p[1] for p in points) > 10:
+        ax.set_yscale("log")
+    ax.set_xlabel("effective RoPE fraction (rotary dims / head dim)")
+    ax.set_ylabel("LAMBADA perplexity ↓")
+    ax.set_title("LAMBADA perplexity vs RoPE fraction")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def write_reports(results: dict, out_dir: str | Path) -> dict[str, str]:
+    """lambada_ppl_vs_fraction.png (with a LAMBADA task), results.md and results.json (which lists the
+    files as results["files"]) in `out_dir`; returns {file name: path}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"results.json": out / "results.json", "results.md": out / "results.md"}
+    png = plot_lambada(results, out / "lambada_ppl_vs_fraction.png")
+    if png is not None:
+        files["lambada_ppl_vs_fraction.png"] = png
+    results["files"] = {k: str(v) for k, v in files.items()}
+    files["results.md"].write_text(results_markdown(results))
+    files["results.json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return results["files"]
+
+
+# ------------------------------------------------------------------ evaluate
+
+
+def resolve_tasks(tasks: str | Sequence[str]) -> list[str]:
+    if isinstance(tasks, str):
+        tasks = list(PAPER_TASKS) if tasks == "paper" else [t.strip() for t in tasks.split(",")]
+    names: list[str] = []
+    for task in tasks:
+        for name in (PAPER_TASKS if task == "paper" else [task]):
+            if name and name not in names:
+                names.append(name)
+    if not names:
+        raise ConfigError("--tasks: no task given (use `paper` or a comma-separated list)")
+    return names
+
+
+def evaluate_lm(
+    runs: Sequence[str | Path],
+    tasks: str | Sequence[str] = "paper",
+    out_dir: str | Path = "eval",
+    limit: Optional[float] = None,
+    include_path: Optional[str | Path] = None,
+    batch_size: int = 8,
+    device: Optional[str] = None,
+    max_length: Optional[int] = None,
+    dtype: str = "float32",
+    bootstrap_iters: int = 1000,
+) -> dict:
+    """Evaluate each run (run dir, checkpoint or imported folder) zero-shot on `tasks` ("paper" for the
+    seed's suite, or names, harness or under `include_path`); write results.json, results.md and, with a
+    LAMBADA task, lambada_ppl_vs_fraction.png into `out_dir`. Returns the results.json content."""
+    from lm_eval import simple_evaluate
+
+    from ropelab.evaluate.interchange import resolve_checkpoint
+
+    if not runs:
+        raise ConfigError("no run given")
+    for run in runs:
+        resolve_checkpoint(run)  # ConfigError for a wrong path, before anything slow
+    names = resolve_tasks(tasks)
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--limit {limit}: must be > 0")
+    limit = int(limit) if limit is not None and float(limit).is_integer() else limit
+    manager, _ = load_tasks(names, str(include_path) if include_path else None)
+
+    labels = _labels([str(r) for r in runs])
+    entries = []
+    for run, label in zip(runs, labels):
+        started = time.time()
+        lm = RopelabLM(pretrained=str(run), batch_size=batch_size, device=device, max_length=max_length, dtype=dtype)
+        raw = simple_evaluate(
+            model=lm, tasks=list(names), task_manager=manager, limit=limit, log_samples=False,
+            bootstrap_iters=bootstrap_iters,
+        )
+        per_task = raw["results"]
+        metrics = {}
+        for task in per_task:
+            chosen = select_metrics(task, per_task[task])
+            metrics[task] = {m: _metric_value(per_task[task], m) for m in chosen}
+        entries.append({
+            "label": label, "run": str(run), "checkpoint": lm.checkpoint,
+            "effective_rope_fraction": lm.rope_fraction, "max_length": lm.max_length,
+            "metrics": metrics,  # {task: {metric: [value, stderr]}}
+            "lm_eval": {task: {k: v for k, v in per_task[task].items() if k != "alias"} for task in per_task},
+            "n_samples": raw.get("n-samples", {}), "seconds": round(time.time() - started, 2),
+        })
+        del lm
+    results = {
+        "lm_eval_version": lm_eval.__version__, "tasks": list(dict.fromkeys(t for e in entries for t in e["metrics"])),
+        "limit": limit, "runs": entries,
+    }
+    write_reports(results, out_dir)
+    return results
+
+
+# ------------------------------------------------------------------ lm-eval's CLI, with "ropelab" registered
+
+
+def cli_evaluate() -> None:
+    """``lm-eval`` with the "ropelab" model registered (`python -m ropelab.evaluate.lm_eval ...`)."""
+    from lm_eval.__main__ import cli_evaluate as harness_cli
+
+    harness_cli()
+
+
+__all__ = [
+    "PAPER_TASKS", "PAPER_METRICS", "RopelabLM", "evaluate_lm", "load_tasks", "resolve_tasks",
+    "select_metrics", "results_markdown", "write_reports", "plot_lambada", "effective_rope_fraction",
+    "hub_reachable", "set_hub_offline", "cli_evaluate",
+]
+
+if __name__ == "__main__":
+    cli_evaluate()

@@ -1,0 +1,337 @@
+"""Hugging Face folders for any ropelab model: ropelab's own modeling code shipped with the weights.
+
+Configurations without an exactly equivalent transformers class (NoPE, partial RoPE on Llama-style
+blocks, interleaved pairs, truncate frequencies, per-layer RoPE, QK-norm on parallel blocks, ...) are
+exported the way the ecosystem ships custom architectures: the folder carries Python modules and a
+config.json whose ``auto_map`` names them, so that
+
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+
+builds ropelab's own `Transformer` and computes the same logits.
+
+One source of truth: the modules are not a second implementation but copies, made at export time, of
+the installed ``ropelab/rope.py``, ``attention.py`` and ``model.py`` (whole), and of the part of
+``ropelab/config.py`` they use (the definitions they import and everything those reference, found
+through the syntax tree: ``RopeConfig``, ``ModelConfig``, ``from_dict``, ...; the YAML and run-level
+code stay behind). ``from ropelab.X import`` lines become ``from .X import``. The copies sit flat
+next to ``modeling_ropelab.py`` (the transformers wrapper, `MODELING` below, itself written as a
+ropelab module and rewritten the same way):
+
+  RopelabConfig(PretrainedConfig)    model_type "ropelab"; ``ropelab`` holds the ModelConfig as a dict
+                                     (the HF fields hidden_size, num_hidden_layers, ... are derived)
+  RopelabForCausalLM(PreTrainedModel, GenerationMixin)
+                                     ``model``: the ropelab Transformer, so weights are stored as
+                                     ``model.<ropelab name>`` (``model.lm_head.weight`` left out when
+                                     tied); no key/value cache: generate() recomputes the whole
+                                     sequence at every step; a 2-D attention_mask with padding becomes
+                                     ropelab document ids (a token sees only earlier unmasked tokens)
+
+  files_for_export()   {file name: text} of the shipped modules
+  write_remote_code(folder)
+  to_remote_hf(model)  the wrapper holding `model`'s tensors (shared, not copied), eval mode, with
+                       config.auto_map set; `save_pretrained` it, then `write_remote_code` the folder
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ropelab.model import Transformer
+
+MODELING = "modeling_ropelab"
+AUTO_MAP = {
+    "AutoConfig": f"{MODELING}.RopelabConfig",
+    "AutoModelForCausalLM": f"{MODELING}.RopelabForCausalLM",
+}
+_PARTIAL = {"config"}  # ropelab modules copied in part (the definitions the others use)
+_FROM_ROPELAB = re.compile(r"^(\s*)from ropelab\.(\w+) import ", re.MULTILINE)
+_ANY_ROPELAB_IMPORT = re.compile(r"^\s*(from\s+ropelab\b|import\s+ropelab\b)", re.MULTILINE)
+
+# The transformers wrapper, written as a module of the ropelab package (its imports are rewritten
+# like those of the copied modules).
+MODELING_SOURCE = '''"""Hugging Face wrapper around ropelab's Transformer (load with trust_remote_code=True).
+
+RopelabConfig.ropelab holds the ropelab ModelConfig as a dict; RopelabForCausalLM.model is the
+ropelab Transformer. No key/value cache: generate() recomputes the whole sequence at every step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ropelab.config import ModelConfig, from_dict
+from ropelab.model import Transformer
+
+_V4 = int(__import__("transformers").__version__.split(".")[0]) < 5
+
+
+def model_config(data: dict) -> ModelConfig:
+    """The ropelab ModelConfig stored in RopelabConfig.ropelab (validated)."""
+    config = from_dict(ModelConfig, dict(data), "ropelab")
+    config.validate()
+    return config
+
+
+class RopelabConfig(PretrainedConfig):
+    model_type = "ropelab"
+
+    def __init__(self, ropelab: Optional[dict] = None, **kwargs):
+        self.ropelab = dict(ropelab or {})
+        derived = {}
+        if self.ropelab:
+            c = model_config(self.ropelab)
+            derived = {
+                "vocab_size": c.vocab_size, "hidden_size": c.d_model, "num_hidden_layers": c.n_layer,
+                "num_attention_heads": c.n_head, "num_key_value_heads": c.kv_heads, "head_dim": c.head_size,
+                "intermediate_size": c.d_ff, "max_position_embeddings": c.max_seq_len,
+                "initializer_range": c.init_std, "tie_word_embeddings": c.tie_embeddings,
+            }
+        for key in derived:  # informative copies for transformers tooling: `ropelab` decides
+            kwargs.pop(key, None)
+        super().__init__(**kwargs)
+        for key, value in derived.items():
+            setattr(self, key, value)
+
+
+class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = RopelabConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _tied_weights_keys = ["model.lm_head.weight"] if _V4 else {"model.lm_head.weight": "model.embed.weight"}
+    _supports_cache_class = False  # no key/value cache (transformers 4.x flags)
+    _supports_static_cache = False
+
+    def __init__(self, config: RopelabConfig):
+        super().__init__(config)
+        self.model = Transformer(model_config(config.ropelab))
+        # dense: a padded attention_mask becomes document ids, honoured exactly; no mask still uses SDPA.
+        self.model.set_attention_backend("dense")
+        self._rebuild_rope()
+        self.post_init()
+
+    def _rebuild_rope(self) -> None:
+        """RoPE frequencies are plain tensors, not weights: from_pretrained builds the model on the meta
+        device, so compute them again on the CPU (they follow the positions' device when used)."""
+        with torch.device("cpu"):
+            for rope in self.model.ropes:
+                rope.set_theta(rope.theta)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:  # transformers 5: never build a cache for us
+        return False
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def set_input_embeddings(self, value):
+        self.model.embed = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs,
+    ):
+        if input_ids is None:
+            raise ValueError("RopelabForCausalLM needs input_ids (inputs_embeds are not supported)")
+        doc_ids = None
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
+            doc_ids = attention_mask.long()  # padding and tokens never attend to each other
+            if position_ids is None:
+                position_ids = (doc_ids.cumsum(-1) - 1).clamp(min=0)
+        logits, _ = self.model(input_ids, position_ids=position_ids, doc_ids=doc_ids)
+        loss = None
+        if labels is not None:  # next-token loss, labels aligned with input_ids as in transformers
+            loss = F.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        if return_dict is False:
+            return (logits,) if loss is None else (loss, logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        """No cache: every generation step feeds the whole sequence."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+'''
+
+
+# ------------------------------------------------------------------ sources
+
+
+def _source(name: str) -> str:
+    spec = importlib.util.find_spec(f"ropelab.{name}")
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise RuntimeError(f"ropelab.{name}: no Python source to ship with the export")
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
+def _ropelab_imports(source: str) -> dict[str, set[str]]:
+    """{ropelab module: names imported from it} for every `from ropelab.X import ...` in `source`."""
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ropelab."):
+            module = node.module[len("ropelab."):]
+            if "." in module:
+                raise RuntimeError(f"ropelab.{module}: only top-level ropelab modules can be shipped")
+            found.setdefault(module, set()).update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ropelab" for a in node.names):
+            raise RuntimeError("`import ropelab...` cannot be shipped; use `from ropelab.X import name`")
+    return found
+
+
+def _bound_names(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    if isinstance(node, ast.Import):
+        return [a.asname or a.name.split(".")[0] for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+        return [a.asname or a.name for a in node.names]
+    return []
+
+
+def extract(source: str, names: set[str], origin: str = "module") -> str:
+    """The top-level statements of `source` that define `names`, and, transitively, every top-level
+    definition or import they reference, in their original order and text."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    where = {name: i for i, node in enumerate(tree.body) for name in _bound_names(node)}
+    missing = sorted(n for n in names if n not in where)
+    if missing:
+        raise RuntimeError(f"{origin}: defines no {', '.join(missing)}")
+    keep, todo = set(), list(names)
+    while todo:
+        i = where.get(todo.pop())
+        if i is None or i in keep:  # a builtin, or already kept
+            continue
+        keep.add(i)
+        todo += [n.id for n in ast.walk(tree.body[i]) if isinstance(n, ast.Name)]
+    future = [i for i, node in enumerate(tree.body) if isinstance(node, ast.ImportFrom) and node.module == "__future__"]
+    text, previous = f'"""The parts of {origin} that the modules shipped with this export use."""\n', None
+    for i in sorted(keep | set(future)):
+        node = tree.body[i]
+        is_import = isinstance(node, (ast.Import, ast.ImportFrom))
+        text += "\n" if previous is None else "" if is_import and previous else "\n\n"
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        text += "".join(lines[start - 1 : node.end_lineno]).rstrip() + "\n"
+        previous = is_import
+    return text
+
+
+def _relative(text: str, name: str) -> str:
+    text = _FROM_ROPELAB.sub(r"\1from .\2 import ", text)
+    if _ANY_ROPELAB_IMPORT.search(text):
+        raise RuntimeError(f"{name}: an import of ropelab that cannot be rewritten as a relative import")
+    return text
+
+
+def files_for_export() -> dict[str, str]:
+    """{file name: text}: modeling_ropelab.py and the ropelab modules it needs, with relative imports."""
+    from ropelab import __version__
+
+    whole: dict[str, str] = {}
+    partial_names: dict[str, set[str]] = {name: set() for name in _PARTIAL}
+    partial: dict[str, str] = {}
+    pending = [_ropelab_imports(MODELING_SOURCE)]
+    while pending:  # to a fixed point: partial modules may import whole ones and the reverse
+        imports = pending.pop()
+        for module, names in imports.items():
+            if module in _PARTIAL:
+                if not names <= partial_names[module] or module not in partial:
+                    partial_names[module] |= names
+                    partial[module] = extract(_source(module), partial_names[module], f"ropelab/{module}.py")
+                    pending.append(_ropelab_imports(partial[module]))
+            elif module not in whole:
+                whole[module] = _source(module)
+                pending.append(_ropelab_imports(whole[module]))
+    banner = "# Generated by ropelab {} from {} for trust_remote_code loading; do not edit.\n"
+    origin = "ropelab/evaluate/remote_code.py (MODELING_SOURCE)"
+    files = {f"{MODELING}.py": banner.format(__version__, origin) + MODELING_SOURCE}
+    for module, text in sorted((whole | partial).items()):
+        files[f"{module}.py"] = banner.format(__version__, f"ropelab/{module}.py") + text
+    return {name: _relative(text, name) for name, text in files.items()}
+
+
+def write_remote_code(folder: str | Path) -> list[str]:
+    """Write the modeling code next to a saved model's config.json; returns the file names."""
+    files = files_for_export()
+    for name, text in files.items():
+        (Path(folder) / name).write_text(text, encoding="utf-8")
+    return sorted(files)
+
+
+# ------------------------------------------------------------------ the wrapper, in this process
+
+_LOADED: dict[str, object] = {}
+
+
+def _modeling_module():
+    """The shipped modeling_ropelab module, imported here from a temporary copy of the very files
+    written into exports (a uniquely named package; once per process and version of the sources)."""
+    files = files_for_export()
+    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
+    if digest in _LOADED:
+        return _LOADED[digest]
+    package = f"_ropelab_remote_{digest}"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / package
+        root.mkdir()
+        (root / "__init__.py").write_text("")
+        for name, text in files.items():
+            (root / name).write_text(text, encoding="utf-8")
+        spec = importlib.util.spec_from_file_location(
+            package, root / "__init__.py", submodule_search_locations=[str(root)]
+        )
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[package])
+        try:
+            module = importlib.import_module(f"{package}.{MODELING}")
+        except Exception:
+            for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
+                del sys.modules[key]
+            raise
+    _LOADED[digest] = module
+    return module
+
+
+def to_remote_hf(model: Transformer):
+    """RopelabForCausalLM (the shipped code) holding `model`'s parameters, shared not copied; eval mode.
+    Its config carries `auto_map`, so `save_pretrained` writes a config.json that AutoConfig and
+    AutoModelForCausalLM resolve to the modules `write_remote_code` puts beside it."""
+    module = _modeling_module()
+    config = module.RopelabConfig(ropelab=dataclasses.asdict(model.config), auto_map=dict(AUTO_MAP))
+    with torch.device("meta"):  # no allocation or random init: the tensors come from `model`
+        hf_model = module.RopelabForCausalLM(config)
+    hf_model.model.load_state_dict(model.state_dict(), strict=True, assign=True)
+    return hf_model.eval()
+
+
+__all__ = ["AUTO_MAP", "MODELING", "files_for_export", "write_remote_code", "to_remote_hf", "extract"]

@@ -1,0 +1,231 @@
+"""lm-evaluation-harness on ropelab runs: local tasks end to end, the same numbers (to 1e-4) through
+`evaluate_lm`, the harness's CLI with `--model ropelab`, and `--model hf` on the exported folder;
+the paper suite offline fails fast with one line naming a dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from ropelab.cli import build_parser  # noqa: E402
+from ropelab.config import build_run_config  # noqa: E402
+from ropelab.evaluate.lm_eval import (  # noqa: E402
+    PAPER_TASKS, evaluate_lm, resolve_tasks, results_markdown, select_metrics,
+)
+
+TOL = 1e-4
+TINY_BPE = [
+    "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
+    "data.tokenizer=bpe:300", "data.seq_len=32", "train.micro_batch=2", "train.steps=3", "train.eval_every=3",
+    "train.eval_batches=1", "train.checkpoint_every=3", "train.progress=false",
+]
+TASKS = ["local_mc", "local_ppl", "lambada_local", "local_gen"]
+MC = [
+    {"question": "What does len([1, 2, 3]) return?", "choices": ["3", "an error", "[1, 2, 3]"], "label": 0},
+    {"question": "Which keyword defines a function?", "choices": ["class", "def", "import"], "label": 1},
+    {"question": "What is 2 + 2?", "choices": ["five", "22", "4"], "label": 2},
+    {"question": "Which value is falsy?", "choices": ["0", "1", "'a'"], "label": 0},
+    {"question": "What does print return?", "choices": ["the text", "None"], "label": 1},
+]
+PPL = [
+    {"text": "def add(a, b):\n    return a + b\n"},
+    {"text": "import os\nimport sys\n\n\ndef main(argv):\n    for name in sorted(os.listdir(argv[1])):\n"
+             "        print(name, os.path.getsize(os.path.join(argv[1], name)))\n    return 0\n"},  # > 32 tokens: rolling windows
+    {"text": "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"},
+]
+LAMBADA = [
+    {"context": "for i in range(10):\n    print(", "word": "i"},
+    {"context": "import os\nprint(os.path.join('a', 'b'))\nimport", "word": " sys"},
+    {"context": "def f(self):\n    return", "word": " self"},
+]
+GEN = [{"question": "def add(a, b):\n", "answer": "    return a + b"}, {"question": "import", "answer": " os"}]
+
+YAML = {
+    "local_mc": """task: local_mc
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
+""",
+    "local_ppl": """task: local_ppl
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - {{metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
+  - {{metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
+  - {{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}}
+""",
+    "lambada_local": """task: lambada_local
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{word}}}}"
+target_delimiter: ""
+metric_list:
+  - {{metric: perplexity, aggregation: perplexity, higher_is_better: false}}
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+""",
+    "local_gen": """task: local_gen
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs: {{until: ["\\n"], max_gen_toks: 8, do_sample: false}}
+metric_list:
+  - {{metric: exact_match, aggregation: mean, higher_is_better: true}}
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ropelab_cache):
+    from ropelab.train.loop import train
+
+    run_dir = tmp_path_factory.mktemp("lm_eval") / "run"
+    train(build_run_config(overrides=TINY_BPE), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    for name, rows in {"local_mc": MC, "local_ppl": PPL, "lambada_local": LAMBADA, "local_gen": GEN}.items():
+        data = root / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / f"{name}.yaml").write_text(YAML[name].format(data=json.dumps(str(data))))
+    return root
+
+
+@pytest.fixture(scope="module")
+def hf_env(tmp_path_factory):
+    """A private datasets cache for the module; child processes get it through the environment."""
+    import datasets
+
+    cache = tmp_path_factory.mktemp("hf_home")
+    env = {"HF_HOME": str(cache), "HF_DATASETS_CACHE": str(cache / "datasets")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache / "datasets"))
+        yield env
+
+
+def _numbers(per_task: dict) -> dict:
+    return {
+        (task, key.split(",")[0]): float(value)
+        for task, metrics in per_task.items() for key, value in metrics.items()
+        if "," in key and "_stderr" not in key and isinstance(value, (int, float))
+    }
+
+
+def _assert_same(ours: dict, theirs: dict, what: str) -> None:
+    assert set(ours) == set(theirs), what
+    for key in ours:
+        assert abs(ours[key] - theirs[key]) <= TOL * max(1.0, abs(ours[key])), f"{what}: {key} {ours[key]} vs {theirs[key]}"
+
+
+def test_local_tasks_same_numbers_three_routes(run, tasks_dir, hf_env, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from ropelab.data.tokenizer import load_tokenizer
+    from ropelab.evaluate.interchange import export_hf
+
+    # 1. ropelab's own entry point: reports for one run
+    out = tmp_path / "eval"
+    results = evaluate_lm([run], TASKS, out, include_path=tasks_dir, bootstrap_iters=0)
+    assert sorted(p.name for p in out.iterdir()) == ["lambada_ppl_vs_fraction.png", "results.json", "results.md"]
+    entry = results["runs"][0]
+    assert entry["label"] == "run" and entry["effective_rope_fraction"] == 1.0 and entry["max_length"] == 32
+    assert set(entry["metrics"]) == set(TASKS)
+    assert set(entry["metrics"]["local_mc"]) == {"acc_norm"} and set(entry["metrics"]["lambada_local"]) == {"acc", "perplexity"}
+    assert entry["metrics"]["lambada_local"]["perplexity"][0] > 1
+    assert json.loads((out / "results.json").read_text())["runs"][0]["metrics"] == json.loads(json.dumps(entry["metrics"]))
+    table = (out / "results.md").read_text().splitlines()
+    assert table[0] == "| task | metric | run |" and any(row.startswith("| lambada_local | perplexity") for row in table)
+    ours = _numbers(entry["lm_eval"])
+
+    # 2. lm-eval's own CLI with --model ropelab (the registering wrapper), in a fresh process
+    cli_out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ropelab.evaluate.lm_eval", "run", "--model", "ropelab",
+         "--model_args", f"pretrained={run}", "--tasks", ",".join(TASKS), "--include_path", str(tasks_dir),
+         "--output_path", str(cli_out)],
+        capture_output=True, text=True, timeout=120, env=os.environ | hf_env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (cli_json,) = cli_out.rglob("results_*.json")
+    _assert_same(ours, _numbers(json.loads(cli_json.read_text())["results"]), "--model ropelab (CLI)")
+
+    # 3. --model hf on the exported folder (same max_length and prefix token as ropelab's defaults)
+    pytest.importorskip("accelerate")
+    export_hf(run, tmp_path / "hf")
+    eos = load_tokenizer("bpe:300").eos_id
+    manager = TaskManager(include_path=str(tasks_dir), include_defaults=False)
+    hf = simple_evaluate(
+        model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32,max_length=32,prefix_token_id={eos}",
+        tasks=TASKS, task_manager=manager, batch_size=4, device="cpu", bootstrap_iters=0, log_samples=False,
+    )
+    _assert_same(ours, _numbers(hf["results"]), "--model hf")
+
+
+def test_paper_suite_offline_fails_fast_with_one_line(run, hf_env, tmp_path):
+    # An unreachable endpoint: the reachability probe must switch to offline mode instead of retrying.
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("HF_", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"))}
+    env |= hf_env | {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ropelab", "eval", "lm", str(run), "--tasks", "paper", "--out", str(tmp_path / "paper")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ropelab: error: task arc_easy: dataset allenai/ai2_arc"), lines[0]
+    assert elapsed < 30, elapsed
+    assert not (tmp_path / "paper").exists()
+
+
+def test_paper_suite_names_and_metrics():
+    assert resolve_tasks("paper") == PAPER_TASKS
+    assert "wsc273" in PAPER_TASKS and "lambada_openai" in PAPER_TASKS and len(PAPER_TASKS) == 9
+    assert resolve_tasks("arc_easy, piqa,arc_easy") == ["arc_easy", "piqa"]
+    harness = {"acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.6, "acc_norm_stderr,none": 0.1, "alias": "x"}
+    assert select_metrics("arc_easy", harness) == ["acc_norm"]
+    assert select_metrics("winogrande", harness) == ["acc"]
+    assert select_metrics("lambada_openai", {"perplexity,none": 9.0, "acc,none": 0.4}) == ["acc", "perplexity"]
+    assert select_metrics("custom", {"exact_match,strict": 0.1}) == ["exact_match"]
+    fake = {"lm_eval_version": "x", "limit": None, "tasks": ["piqa"], "runs": [
+        {"label": "a", "checkpoint": "a/c", "effective_rope_fraction": 0.25, "metrics": {"piqa": {"acc_norm": [0.61, 0.01]}}},
+        {"label": "b", "checkpoint": "b/c", "effective_rope_fraction": 1.0, "metrics": {"piqa": {"acc_norm": [0.63, None]}}},
+    ]}
+    assert results_markdown(fake).splitlines()[:3] == [
+        "| task | metric | a | b |", "|---|---|---|---|", "| piqa | acc_norm ↑ | 0.6100 ± 0.0100 | 0.6300 |",
+    ]
+
+
+def test_cli_parses_eval_lm():
+    args = build_parser().parse_args(["eval", "lm", "r1", "r2", "--tasks", "paper", "--out", "o", "--limit", "5"])
+    assert args.command == "eval" and args.eval_command == "lm" and args.runs == ["r1", "r2"]
+    assert args.out_dir == "o" and args.limit == 5 and args.include_path is None

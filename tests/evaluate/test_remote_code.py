@@ -1,0 +1,150 @@
+"""Hugging Face export with ropelab's own modeling code (auto_map + trust_remote_code=True): configurations
+without a native transformers class load through AutoModelForCausalLM with the same logits (fp32, max abs
+diff <= 1e-4), and generate() works."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from ropelab.config import ModelConfig, RopeConfig, build_run_config  # noqa: E402
+from ropelab.evaluate import remote_code  # noqa: E402
+from ropelab.evaluate.interchange import export_hf, load_model, save_hf, save_weights_only  # noqa: E402
+from ropelab.model import Transformer  # noqa: E402
+
+TOL = 1e-4
+VOCAB = 97
+GPT_NEOX_LIKE = dict(block="parallel", norm="layernorm", mlp="gelu", attn_bias=True, mlp_bias=True)
+CASES = {  # none has a native transformers class
+    "nope": dict(rope=RopeConfig(fraction=0.0)),
+    "rotary_dims_2": dict(rope=RopeConfig(rotary_dims=2), tie_embeddings=True),
+    "fraction_0.25_sequential": dict(rope=RopeConfig(fraction=0.25, cache="none")),
+    "interleaved": dict(rope=RopeConfig(fraction=1.0, layout="interleaved", theta=500.0)),
+    "truncate": dict(rope=RopeConfig(fraction=0.5, style="truncate"), attn_bias=True),
+    "parallel_qk_norm": dict(GPT_NEOX_LIKE, qk_norm=True, rope=RopeConfig(fraction=0.25)),
+    "gqa_partial": dict(n_kv_head=2, rope=RopeConfig(fraction=0.5), qk_norm=True),
+    "per_layer_nope": dict(rope=RopeConfig(fraction=1.0), rope_layers={1: {"fraction": 0.0}}),
+}
+
+
+def _model(seed: int = 0, **overrides) -> Transformer:
+    config = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=64, n_head=4, d_ff=128, max_seq_len=256, **overrides)
+    model = Transformer(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # random weights well away from the init (norms and biases too)
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
+    return model.eval()
+
+
+def _ids(seed: int = 1, batch: int = 2, length: int = 24) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _load(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+
+
+def _greedy(model: Transformer, idx: torch.Tensor, steps: int) -> torch.Tensor:
+    for _ in range(steps):
+        idx = torch.cat([idx, model(idx)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+@pytest.mark.parametrize("overrides", list(CASES.values()), ids=list(CASES))
+def test_remote_code_export_same_logits_and_generates(tmp_path, overrides):
+    ours = _model(**overrides)
+    info = save_hf(ours, tmp_path / "hf", token_ids={"eos_token_id": 5, "pad_token_id": 0, "bos_token_id": 400})
+    assert info["route"] == "remote_code" and info["architecture"] == "RopelabForCausalLM" and info["why"]
+    assert {"modeling_ropelab.py", "model.py", "rope.py", "attention.py", "config.py", "model.safetensors"} <= set(
+        info["files"]
+    )
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["auto_map"] == remote_code.AUTO_MAP and config["model_type"] == "ropelab"
+    assert config["eos_token_id"] == 5 and config.get("bos_token_id") is None  # 400 is outside the vocabulary
+
+    theirs = _load(tmp_path / "hf")
+    assert type(theirs).__name__ == "RopelabForCausalLM" and theirs.dtype == torch.float32
+    as_json = lambda c: json.loads(json.dumps(dataclasses.asdict(c)))  # noqa: E731 - rope_layers keys: str
+    assert as_json(theirs.model.config) == as_json(ours.config)  # the shipped ModelConfig, same settings
+    idx = _ids()
+    with torch.no_grad():
+        a, b = ours(idx)[0], theirs(input_ids=idx).logits
+        assert a.shape == b.shape and (a - b).abs().max().item() <= TOL
+        out = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=3, do_sample=False)
+        assert out.shape == (2, idx.shape[1] + 3)
+        assert torch.equal(out, _greedy(ours, idx, 3))
+
+
+def test_tied_weights_padding_and_loss(tmp_path):
+    ours = _model(tie_embeddings=True, rope=RopeConfig(fraction=0.5), rope_layers={0: {"layout": "interleaved"}})
+    save_hf(ours, tmp_path / "hf")
+    theirs = _load(tmp_path / "hf")
+    assert theirs.model.lm_head.weight is theirs.model.embed.weight
+    idx = _ids(2)
+    with torch.no_grad():
+        # left padding: each row's tokens see only themselves, at positions counted from their first token
+        mask = torch.ones_like(idx)
+        mask[1, :7] = 0
+        padded = theirs(input_ids=idx, attention_mask=mask).logits
+        assert (padded[1, 7:] - ours(idx[1:, 7:])[0][0]).abs().max().item() <= TOL
+        assert (padded[0] - ours(idx[:1])[0][0]).abs().max().item() <= TOL
+        # labels as in transformers: the loss of predicting token t+1 from tokens <= t
+        loss = theirs(input_ids=idx, labels=idx).loss
+        logits = ours(idx)[0]
+        assert abs(loss.item() - F.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten()).item()) <= TOL
+
+
+def test_native_configs_keep_their_class(tmp_path):
+    info = save_hf(_model(), tmp_path / "hf")  # full RoPE, rmsnorm + swiglu: Llama
+    assert info["route"] == "native" and info["architecture"] == "LlamaForCausalLM" and "why" not in info
+    assert "modeling_ropelab.py" not in info["files"]
+    assert "auto_map" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+
+
+def test_shipped_code_is_the_installed_code():
+    """One source of truth: the shipped modules are ropelab's own files, imports made relative."""
+    import ropelab.attention
+    import ropelab.model
+    import ropelab.rope
+
+    files = remote_code.files_for_export()
+    for module in (ropelab.rope, ropelab.attention, ropelab.model):
+        name = module.__name__.split(".")[-1]
+        original = re.sub(r"^from ropelab\.(\w+) import", r"from .\1 import", open(module.__file__).read(), flags=re.M)
+        assert files[f"{name}.py"].split("\n", 1)[1] == original  # after the generated banner
+    for name, text in files.items():
+        assert not re.search(r"^\s*(from|import)\s+ropelab\b", text, re.M), name
+        compile(text, name, "exec")
+    assert "yaml" not in files["config.py"] and "class ModelConfig" in files["config.py"]
+    assert "def from_dict" in files["config.py"] and "class RunConfig" not in files["config.py"]
+
+
+def test_export_hf_run_falls_back_to_remote_code(tmp_path):
+    config = build_run_config(overrides=[
+        "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.vocab_size=320",
+        "data.tokenizer=bytes", "data.seq_len=16", "model.rope.fraction=0.5", "model.rope.layout=interleaved",
+    ])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(config.to_yaml())
+    torch.manual_seed(0)
+    save_weights_only(run_dir, 5, Transformer(config.model), config)
+
+    info = export_hf(run_dir, tmp_path / "hf")
+    assert info["route"] == "remote_code" and info["step"] == 5 and "layout=interleaved" in info["why"]
+    assert "skipped" in info["tokenizer"] and not list(tmp_path.glob(".tmp_*"))
+    theirs = _load(tmp_path / "hf")
+    assert theirs.generation_config.eos_token_id == 256 and theirs.generation_config.use_cache is False
+    ours = load_model(run_dir)[0]
+    idx = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(idx)[0] - theirs(input_ids=idx).logits).abs().max().item() <= TOL
