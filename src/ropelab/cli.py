@@ -216,6 +216,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     info = export_hf(args.source, args.out_dir)
     print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
+    if info.get("route") == "remote_code":
+        print(f"no native transformers class ({info['why']}): modeling code shipped; load with trust_remote_code=True")
     print(f"files: {', '.join(info['files'])}")
     print(f"tokenizer: {info['tokenizer']}")
     return 0
