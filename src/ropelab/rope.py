@@ -103,16 +103,16 @@ def _pairs(x: torch.Tensor, rotary_dims: int, layout: str) -> tuple[torch.Tensor
 def _rotate_pairs_(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> None:
     """(x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) in place; by -angle when `inverse`.
 
-    Same float32 operations, in the same order, as `rotate`, so the results are bit-identical
-    to the reference; other dtypes are computed in float32 and rounded once."""
+    float32: four elementwise passes over rotary_dims/2 channels, writing straight into x1 and
+    x2 (one temporary, x1 sin). Other dtypes are computed in float32, like `rotate`, and rounded
+    once on the way back."""
     if x1.dtype == torch.float32:
-        a, b = x1 * sin, x2 * sin
+        sign = -1.0 if inverse else 1.0
+        a = x1 * sin
+        x1.mul_(cos).addcmul_(x2, sin, value=-sign)  # x1 cos -+ x2 sin
         if inverse:
-            x1.mul_(cos).add_(b)
-            x2.mul_(cos).sub_(a)
-        else:
-            x1.mul_(cos).sub_(b)
-            x2.mul_(cos).add_(a)
+            a.neg_()  # exact; the elementwise ops below then match (x2 cos - x1 sin) of the reference
+        torch.addcmul(a, x2, cos, out=x2)  # x2 cos +- x1 sin, written in place (out aliases x2 exactly)
         return
     f1, f2 = x1.float(), x2.float()
     if inverse:
@@ -123,15 +123,31 @@ def _rotate_pairs_(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: t
     x2.copy_(n2)
 
 
+def _as_complex_pairs(x: torch.Tensor, rotary_dims: int) -> Optional[torch.Tensor]:
+    """The interleaved pairs of x[..., :rotary_dims] as a complex64 view, or None if x does not allow it."""
+    if x.dtype != torch.float32 or x.stride(-1) != 1 or x.storage_offset() % 2:
+        return None
+    if any(stride % 2 for stride in x.stride()[:-1]):
+        return None
+    return torch.view_as_complex(x[..., :rotary_dims].unflatten(-1, (rotary_dims // 2, 2)))
+
+
 def rotate_(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int, layout: str = "half",
     inverse: bool = False,
 ) -> torch.Tensor:
     """Rotate the first `rotary_dims` channels of x (..., T, D) in place (no autograd); returns x.
 
-    Only those channels are read or written. `inverse` rotates by -angle (the transpose)."""
-    if rotary_dims:
-        _rotate_pairs_(*_pairs(x, rotary_dims, layout), cos, sin, inverse)
+    Only those channels are read or written. `inverse` rotates by -angle (the transpose).
+    Interleaved float32 pairs are adjacent, so they are rotated as one complex multiplication."""
+    if not rotary_dims:
+        return x
+    if layout != "half":
+        pairs = _as_complex_pairs(x, rotary_dims)
+        if pairs is not None:
+            pairs.mul_(torch.complex(cos, -sin if inverse else sin))
+            return x
+    _rotate_pairs_(*_pairs(x, rotary_dims, layout), cos, sin, inverse)
     return x
 
 

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import sys
 import threading
@@ -46,6 +47,7 @@ from urllib.parse import urlsplit
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from ropelab.config import ConfigError
 
@@ -231,6 +233,7 @@ class RopelabLM(TemplateLM):
             inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
         order = sorted(range(len(pairs)), key=lambda i: -len(inputs[i]))
         pad = self.eot_token_id
+        progress = tqdm(total=len(pairs), disable=disable_tqdm or len(pairs) < 2, desc="ropelab: scoring")
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
             width = len(inputs[chunk[0]])
@@ -245,6 +248,8 @@ class RopelabLM(TemplateLM):
                 target_t = torch.tensor(target, dtype=torch.long, device=logprobs.device)
                 score = logprobs.gather(-1, target_t[:, None]).sum().item()
                 results[i] = (float(score), bool((logprobs.argmax(-1) == target_t).all()))
+            progress.update(len(chunk))
+        progress.close()
         return results  # type: ignore[return-value]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
@@ -400,12 +405,14 @@ def _cfg(entry) -> dict:
     return cfg if isinstance(cfg, dict) else {}
 
 
-def _dataset_of(entry) -> str:
+def _dataset_of(entry, exc: Optional[BaseException] = None) -> str:
+    """The dataset of a task's index entry, else a repo id quoted in the error, else "?"."""
     cfg = _cfg(entry)
     path, name = cfg.get("dataset_path"), cfg.get("dataset_name")
-    if not path:
-        return "its dataset"
-    return f"{path}" + (f" ({name})" if name else "")
+    if path:
+        return f"{path}" + (f" ({name})" if name else "")
+    quoted = re.search(r"'([\w.-]+/[\w.-]+)'", str(exc or ""))
+    return quoted[1] if quoted else "?"
 
 
 def _needs_hub(entry) -> bool:
@@ -422,18 +429,27 @@ def _one_line(exc: BaseException, limit: int = 200) -> str:
 
 
 def _task_manager(names: list[str], include_path: Optional[str]):
-    """A TaskManager that knows every name; only the include path is indexed when it holds them all
-    (indexing the harness's built-in tasks takes ~10 s)."""
+    """A TaskManager that knows every name. Indexing all of the harness's built-in tasks takes ~10 s, so
+    first only the include path and the built-in task folders named like the tasks (arc for arc_easy,
+    lambada for lambada_openai, ...) are indexed; that index is used when it holds every name as a plain
+    task (groups and tags may gather tasks from other folders: they get the full index)."""
     from lm_eval.tasks import TaskManager
 
     if include_path is not None and not Path(include_path).is_dir():
         raise ConfigError(f"--include-path {include_path}: no such directory")
-    if include_path is not None:
+    builtin = Path(lm_eval.__file__).parent / "tasks"
+    folders = sorted(
+        {d for d in builtin.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")) for n in names if n.startswith(d.name)},
+        key=lambda d: d.name,
+    )
+    paths = [str(d) for d in folders] + ([str(include_path)] if include_path else [])  # the include path wins
+    if paths:
         try:
-            manager = TaskManager(include_path=str(include_path), include_defaults=False)
+            manager = TaskManager(include_path=paths, include_defaults=False)
         except TypeError:  # an lm-eval without include_defaults
             manager = None
-        if manager is not None and all(name in manager.all_tasks for name in names):
+        plain = getattr(manager, "all_subtasks", None) or []
+        if manager is not None and all(name in plain for name in names):
             return manager
     manager = TaskManager(include_path=str(include_path) if include_path else None)
     unknown = [name for name in names if name not in manager.all_tasks]
@@ -470,7 +486,7 @@ def load_tasks(names: list[str], include_path: Optional[str] = None, probe_timeo
         except Exception as exc:  # noqa: BLE001 - network, missing cache, bad config: one line naming the dataset
             why = "offline and not in the local cache" if offline else "could not be loaded"
             raise ConfigError(
-                f"task {name}: dataset {_dataset_of(index.get(name))} {why} ({_one_line(exc)})"
+                f"task {name}: dataset {_dataset_of(index.get(name), exc)} {why} ({_one_line(exc)})"
             ) from None
     return manager, loaded
 
@@ -518,9 +534,10 @@ def _format(metric: str, value: Optional[float], stderr: Optional[float]) -> str
     if value is None:
         return "–"
     digits = 2 if metric in _LOWER_IS_BETTER and metric != "bits_per_byte" else 4
-    text = f"{value:.{digits}f}"
+    show = lambda v: f"{v:.4g}" if abs(v) >= 1e6 else f"{v:.{digits}f}"  # noqa: E731
+    text = show(value)
     if stderr is not None and math.isfinite(stderr):
-        text += f" ± {stderr:.{digits}f}"
+        text += f" ± {show(stderr)}"
     return text
 
 
@@ -560,8 +577,11 @@ def plot_lambada(results: dict, path: Path) -> Optional[Path]:
     for task in sorted({p[3] for p in points}):
         series = sorted(p for p in points if p[3] == task)
         ax.plot([p[0] for p in series], [p[1] for p in series], "o-", label=task)
+        labels: dict[tuple[float, float], list[str]] = {}
         for x, y, label, _ in series:
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            labels.setdefault((x, y), []).append(label)
+        for (x, y), names in labels.items():  # runs on the same point share one label
+            ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if all(p[1] > 0 for p in points) and max(p[1] for p in points) / min(p[1] for p in points) > 10:
         ax.set_yscale("log")
     ax.set_xlabel("effective RoPE fraction (rotary dims / head dim)")

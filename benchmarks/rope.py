@@ -1,0 +1,160 @@
+"""Partial RoPE micro-benchmark: forward + backward of q and k, side by side in one process.
+
+    python benchmarks/rope.py                   # llama-3.2-1b heads: q (1, 32, 2048, 64), k (1, 8, 2048, 64)
+    python benchmarks/rope.py --batch 2 --threads 1 --dtype bf16
+
+Methods (each timed on the same fresh inputs, in rotating order, median of --reps):
+  ropelab      RotaryEmbedding.forward (cache=table) -> the in-place fast path `PartialRotary`
+  ropelab_ref  the same module with inplace=False -> out-of-place reference `apply_partial_rope`
+  hf_neox      transformers GPT-NeoX `apply_rotary_pos_emb` (slices, rotates, concatenates)
+  hf_llama     transformers Llama `apply_rotary_pos_emb` (full rotation; fraction 1.0 only)
+  copy         q -> preallocated q', k -> k' (one read + one write of q and k; no backward)
+
+q and k are fresh non-leaf tensors (clones of leaves, made outside the timer), and backward is
+`torch.autograd.grad` to their gradient edges, so it runs exactly the RoPE nodes. cos/sin are built
+outside the timer for HF (HF builds them once per model forward); ropelab's table lookup is timed.
+Prints a table, the ratios of the issue's targets, then ONE JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+
+import torch
+from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_neox_apply
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_llama_apply
+
+from ropelab.config import RopeConfig
+from ropelab.rope import RotaryEmbedding, resolve_rotary_dims
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def hf_cos_sin(rotary_dims: int, seq: int, batch: int, theta: float, dtype: torch.dtype):
+    """cos/sin as HF's GPT-NeoX/Llama rotary modules return them: (B, T, rotary_dims), model dtype."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dims, 2, dtype=torch.int64).float() / rotary_dims))
+    freqs = torch.arange(seq, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos().to(dtype).expand(batch, -1, -1).contiguous(), emb.sin().to(dtype).expand(batch, -1, -1).contiguous())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 0.5, 1.0])
+    parser.add_argument("--layout", choices=["half", "interleaved"], default="half")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if 1.0 not in args.fractions:
+        args.fractions.append(1.0)
+    dtype = DTYPES[args.dtype]
+    B, H, K, T, D = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
+    theta = 10_000.0
+    gen = torch.Generator().manual_seed(0)
+    q_leaf = torch.randn(B, H, T, D, generator=gen).to(dtype)
+    k_leaf = torch.randn(B, K, T, D, generator=gen).to(dtype)
+    grad_q = torch.randn(B, H, T, D, generator=gen).to(dtype)
+    grad_k = torch.randn(B, K, T, D, generator=gen).to(dtype)
+    position_ids = torch.arange(T).expand(B, T)
+    q_copy, k_copy = torch.empty_like(q_leaf), torch.empty_like(k_leaf)
+
+    # One callable per (method, fraction): q, k -> rotated q, k.
+    cases = {}
+    for fraction in args.fractions:
+        r = resolve_rotary_dims(D, fraction)
+        if args.layout == "half":  # HF's functions only know the half (rotate_half) layout
+            cos, sin = hf_cos_sin(r, T, B, theta, dtype)
+            cases[("hf_neox", fraction)] = lambda q, k, cos=cos, sin=sin: hf_neox_apply(q, k, cos, sin)
+            if r == D:
+                cases[("hf_llama", fraction)] = lambda q, k, cos=cos, sin=sin: hf_llama_apply(q, k, cos, sin)
+        for name, inplace in (("ropelab", None), ("ropelab_ref", False)):
+            rope = RotaryEmbedding(RopeConfig(fraction=fraction, theta=theta, layout=args.layout, cache="table"), D)
+            rope.inplace = inplace
+            cases[(name, fraction)] = lambda q, k, rope=rope: rope(q, k, position_ids)
+
+    def run_rope(fn):
+        q = q_leaf.detach().requires_grad_().clone()  # fresh non-leaf q, k, like a projection's output
+        k = k_leaf.detach().requires_grad_().clone()
+        edges = (torch.autograd.graph.get_gradient_edge(q), torch.autograd.graph.get_gradient_edge(k))
+        grads = (grad_q.clone(), grad_k.clone())  # ropelab's backward writes into its incoming gradient
+        t0 = time.perf_counter()
+        q_out, k_out = fn(q, k)
+        t1 = time.perf_counter()
+        if q_out.requires_grad:
+            torch.autograd.grad((q_out, k_out), edges, grads)
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t0
+
+    def run_copy(_):
+        t0 = time.perf_counter()
+        q_copy.copy_(q_leaf)
+        k_copy.copy_(k_leaf)
+        t1 = time.perf_counter()
+        return t1 - t0, t1 - t0
+
+    cases[("copy", None)] = None
+    keys = list(cases)
+    samples = {key: ([], []) for key in keys}
+    for rep in range(args.warmup + args.reps):
+        order = keys[rep % len(keys):] + keys[: rep % len(keys)]  # rotate the order: no method always first
+        for key in order:
+            fwd, total = run_copy(None) if key[0] == "copy" else run_rope(cases[key])
+            if rep >= args.warmup:
+                samples[key][0].append(fwd)
+                samples[key][1].append(total)
+
+    ms = {key: (statistics.median(f) * 1e3, statistics.median(t) * 1e3) for key, (f, t) in samples.items()}
+    print(f"q ({B}, {H}, {T}, {D}), k ({B}, {K}, {T}, {D}), {args.dtype}, layout {args.layout}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.reps} reps (ms)")
+    print(f"{'method':<12} {'fraction':>8} {'dims':>5} {'fwd':>9} {'fwd+bwd':>9}")
+    for (name, fraction), (fwd, total) in ms.items():
+        dims = "-" if fraction is None else resolve_rotary_dims(D, fraction)
+        print(f"{name:<12} {'-' if fraction is None else fraction:>8} {dims:>5} {fwd:9.3f} {total:9.3f}")
+
+    def total(name, fraction):
+        return ms[(name, fraction)][1] if (name, fraction) in ms else math.nan
+
+    copy = ms[("copy", None)][1]
+    low = min(args.fractions)
+    ratios = {
+        "hf_neox_over_ropelab_at_0.25": total("hf_neox", 0.25) / total("ropelab", 0.25),
+        "ropelab_full_over_copy": total("ropelab", 1.0) / copy,
+        "ropelab_full_fwd_over_copy": ms[("ropelab", 1.0)][0] / copy,
+        f"ropelab_{low}_over_full": total("ropelab", low) / total("ropelab", 1.0),
+        "hf_llama_over_ropelab_full": total("hf_llama", 1.0) / total("ropelab", 1.0),
+        "ropelab_ref_over_ropelab_at_0.25": total("ropelab_ref", 0.25) / total("ropelab", 0.25),
+    }
+    print("ratios (fwd+bwd unless named):")
+    print(f"  HF partial(0.25) / ropelab(0.25)   {ratios['hf_neox_over_ropelab_at_0.25']:.2f}x   target >= 2")
+    print(f"  ropelab full / copy                {ratios['ropelab_full_over_copy']:.2f}x   target <= 1.5"
+          f"   (forward alone: {ratios['ropelab_full_fwd_over_copy']:.2f}x)")
+    print(f"  ropelab time({low}) / time(1.0)     {ratios[f'ropelab_{low}_over_full']:.2f}    target <= 0.3")
+    print(f"  HF Llama full / ropelab full       {ratios['hf_llama_over_ropelab_full']:.2f}x")
+    print(f"  ropelab reference / fast at 0.25   {ratios['ropelab_ref_over_ropelab_at_0.25']:.2f}x")
+    record = {
+        "benchmark": "rope", "shape_q": [B, H, T, D], "shape_k": [B, K, T, D], "dtype": args.dtype,
+        "layout": args.layout, "threads": torch.get_num_threads(), "reps": args.reps, "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "ms": {f"{name}@{fraction}" if fraction is not None else name: {"fwd": round(f, 4), "fwd_bwd": round(t, 4)}
+               for (name, fraction), (f, t) in ms.items()},
+        "ratios": {key: round(value, 4) for key, value in ratios.items()},
+    }
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

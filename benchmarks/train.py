@@ -1,0 +1,137 @@
+"""Training-step throughput: ropelab Transformer vs Hugging Face LlamaForCausalLM of the same shape.
+
+    python benchmarks/train.py                        # both shapes, fp32 and bf16 autocast
+    python benchmarks/train.py --steps 8 --precisions fp32 --threads 1
+
+One step = forward (with loss), backward, AdamW step, zero_grad. Both models hold the same weights
+(`ropelab.evaluate.hf.to_hf`, sdpa attention) and see the same batch; their steps alternate, so
+both meet the same machine load. Figures are tokens/s from the median step time.
+
+Shapes:
+  tiny-llama   the ropelab preset (4 layers, d_model 128, 2 heads, 1 kv head, head_dim 64, d_ff 384,
+               tied embeddings) with vocab 4096
+  llama-256    4 layers, d_model 256, 4 heads (head_dim 64), d_ff 704, vocab 4096
+Batch 8 x 512 tokens for both. RoPE fraction 1.0 (HF Llama rotates every channel); `--fractions`
+adds ropelab-only runs at other fractions (HF's Llama cannot rotate a fraction).
+Prints a table, the ratios, then ONE JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+
+from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
+from ropelab.evaluate.hf import to_hf
+from ropelab.model import Transformer
+
+VOCAB = 4096
+SHAPES = {
+    "tiny-llama": lambda: dataclasses.replace(MODEL_PRESETS["tiny-llama"], vocab_size=VOCAB, rope=RopeConfig(fraction=1.0)),
+    "llama-256": lambda: ModelConfig(name="llama-256", vocab_size=VOCAB, n_layer=4, d_model=256, n_head=4, d_ff=704,
+                                     max_seq_len=8192, rope=RopeConfig(fraction=1.0)),
+}
+
+
+def autocast(precision: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def make_steps(config: ModelConfig, batch: int, seq: int, precision: str, with_hf: bool):
+    """Step functions (name -> callable) for one shape; the models share weights at the start."""
+    torch.manual_seed(0)
+    ours = Transformer(config).train()
+    steps = {}
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, VOCAB, (batch, seq + 1), generator=gen)
+    inputs, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    opt = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+
+    def ropelab_step():
+        with autocast(precision):
+            _, loss = ours(inputs, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    steps["ropelab"] = ropelab_step
+    if with_hf:
+        theirs = to_hf(ours, attn_implementation="sdpa").train()
+        hf_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
+
+        def hf_step():
+            with autocast(precision):
+                loss = theirs(input_ids=inputs, labels=inputs).loss  # HF shifts the labels itself
+            loss.backward()
+            hf_opt.step()
+            hf_opt.zero_grad(set_to_none=True)
+            return loss
+
+        steps["hf_llama"] = hf_step
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    parser.add_argument("--fractions", type=float, nargs="*", default=[0.25], help="extra ropelab-only fractions")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per model (median)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokens = args.batch * args.seq
+    results = {}
+    print(f"batch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"median of {args.steps} steps after {args.warmup} warm-up")
+    print(f"{'shape':<11} {'precision':<9} {'model':<16} {'step s':>8} {'tokens/s':>10}")
+    for shape in args.shapes:
+        for precision in args.precisions:
+            steps = make_steps(SHAPES[shape](), args.batch, args.seq, precision, with_hf=True)
+            for fraction in args.fractions:
+                config = dataclasses.replace(SHAPES[shape](), rope=RopeConfig(fraction=fraction))
+                steps[f"ropelab@{fraction:g}"] = make_steps(config, args.batch, args.seq, precision, False)["ropelab"]
+            times = {name: [] for name in steps}
+            for i in range(args.warmup + args.steps):
+                names = list(steps)
+                for name in names[i % len(names):] + names[: i % len(names)]:
+                    t0 = time.perf_counter()
+                    steps[name]()
+                    elapsed = time.perf_counter() - t0
+                    if i >= args.warmup:
+                        times[name].append(elapsed)
+            for name, ts in times.items():
+                median = statistics.median(ts)
+                results[f"{shape}/{precision}/{name}"] = {"step_s": round(median, 4), "tokens_per_s": round(tokens / median, 1)}
+                print(f"{shape:<11} {precision:<9} {name:<16} {median:8.3f} {tokens / median:10.0f}")
+    ratios = {}
+    for shape in args.shapes:
+        for precision in args.precisions:
+            ours, theirs = results[f"{shape}/{precision}/ropelab"], results[f"{shape}/{precision}/hf_llama"]
+            ratios[f"{shape}/{precision}"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 4)
+        if "fp32" in args.precisions and "bf16" in args.precisions:
+            for model in ("ropelab", "hf_llama"):
+                fp32, bf16 = results[f"{shape}/fp32/{model}"], results[f"{shape}/bf16/{model}"]
+                ratios[f"{shape}/{model}/bf16_over_fp32"] = round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 4)
+    print("ratios (tokens/s):")
+    for key, value in ratios.items():
+        label = "ropelab / HF" if key.count("/") == 1 else "bf16 / fp32"
+        target = "   target >= 1.2" if key.endswith("bf16") and key.count("/") == 1 else ""
+        print(f"  {key:<34} {label:<13} {value:.2f}x{target}")
+    print(json.dumps({"benchmark": "train", "batch": args.batch, "seq": args.seq, "threads": torch.get_num_threads(),
+                      "steps": args.steps, "torch": torch.__version__, "results": results, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main()
