@@ -6,7 +6,8 @@ from ropelab.cli import main
 from ropelab.config import ConfigError
 from ropelab.study.grid import StudyConfig, default_study, expand, load_study
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").rglob("*.yaml"))
+# every run and study config; configs/eval holds lm-eval task definitions, not ropelab configs
+CONFIGS = sorted(p for p in (Path(__file__).parents[2] / "configs").rglob("*.yaml") if p.parent.name != "eval")
 
 
 def test_default_study_is_the_seed_fraction_grid():
