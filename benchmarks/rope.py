@@ -139,6 +139,8 @@ def main() -> None:
         "ropelab_ref_over_ropelab_at_0.25": total("ropelab_ref", 0.25) / total("ropelab", 0.25),
     }
     print("ratios (fwd+bwd unless named):")
+    if args.layout != "half":
+        print("  (HF's functions rotate the half layout only: no HF figures for this layout)")
     print(f"  HF partial(0.25) / ropelab(0.25)   {ratios['hf_neox_over_ropelab_at_0.25']:.2f}x   target >= 2")
     print(f"  ropelab full / copy                {ratios['ropelab_full_over_copy']:.2f}x   target <= 1.5"
           f"   (forward alone: {ratios['ropelab_full_fwd_over_copy']:.2f}x)")
@@ -151,7 +153,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "ms": {f"{name}@{fraction}" if fraction is not None else name: {"fwd": round(f, 4), "fwd_bwd": round(t, 4)}
                for (name, fraction), (f, t) in ms.items()},
-        "ratios": {key: round(value, 4) for key, value in ratios.items()},
+        "ratios": {key: None if math.isnan(value) else round(value, 4) for key, value in ratios.items()},
     }
     print(json.dumps(record))
 

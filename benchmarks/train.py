@@ -11,8 +11,11 @@ Shapes:
   tiny-llama   the ropelab preset (4 layers, d_model 128, 2 heads, 1 kv head, head_dim 64, d_ff 384,
                tied embeddings) with vocab 4096
   llama-256    4 layers, d_model 256, 4 heads (head_dim 64), d_ff 704, vocab 4096
-Batch 8 x 512 tokens for both. RoPE fraction 1.0 (HF Llama rotates every channel); `--fractions`
-adds ropelab-only runs at other fractions (HF's Llama cannot rotate a fraction).
+Batch 8 x 512 tokens for both in fp32. bf16 autocast is far slower on CPUs without AVX512-BF16/AMX
+(oneDNN has no bf16 there: torch.ops.mkldnn._is_mkldnn_bf16_supported() is False), so by default it runs 2 x 512 tokens and fewer steps (`--bf16-batch`,
+`--bf16-steps`) to keep the whole run to about 3 minutes on 2 cores; both models still share the batch.
+RoPE fraction 1.0 (HF Llama rotates every channel); `--fractions` adds ropelab-only fp32 runs at other
+fractions (HF's Llama cannot rotate a fraction).
 Prints a table, the ratios, then ONE JSON line with every figure.
 """
 
@@ -85,25 +88,29 @@ def main() -> None:
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.25], help="extra ropelab-only fractions")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per model (median)")
+    parser.add_argument("--steps", type=int, default=7, help="timed fp32 steps per model (median)")
+    parser.add_argument("--bf16-batch", type=int, default=2)
+    parser.add_argument("--bf16-steps", type=int, default=3, help="timed bf16 steps per model (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokens = args.batch * args.seq
     results = {}
-    print(f"batch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"median of {args.steps} steps after {args.warmup} warm-up")
+    print(f"fp32: batch {args.batch} x {args.seq}, median of {args.steps} steps; bf16 autocast: batch "
+          f"{args.bf16_batch} x {args.seq}, median of {args.bf16_steps} steps; {args.warmup} warm-up step(s); "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{'shape':<11} {'precision':<9} {'model':<16} {'step s':>8} {'tokens/s':>10}")
     for shape in args.shapes:
         for precision in args.precisions:
-            steps = make_steps(SHAPES[shape](), args.batch, args.seq, precision, with_hf=True)
-            for fraction in args.fractions:
+            batch, n_steps = (args.bf16_batch, args.bf16_steps) if precision == "bf16" else (args.batch, args.steps)
+            tokens = batch * args.seq
+            steps = make_steps(SHAPES[shape](), batch, args.seq, precision, with_hf=True)
+            for fraction in args.fractions if precision == "fp32" else []:
                 config = dataclasses.replace(SHAPES[shape](), rope=RopeConfig(fraction=fraction))
-                steps[f"ropelab@{fraction:g}"] = make_steps(config, args.batch, args.seq, precision, False)["ropelab"]
+                steps[f"ropelab@{fraction:g}"] = make_steps(config, batch, args.seq, precision, False)["ropelab"]
             times = {name: [] for name in steps}
-            for i in range(args.warmup + args.steps):
+            for i in range(args.warmup + n_steps):
                 names = list(steps)
                 for name in names[i % len(names):] + names[: i % len(names)]:
                     t0 = time.perf_counter()
@@ -113,7 +120,8 @@ def main() -> None:
                         times[name].append(elapsed)
             for name, ts in times.items():
                 median = statistics.median(ts)
-                results[f"{shape}/{precision}/{name}"] = {"step_s": round(median, 4), "tokens_per_s": round(tokens / median, 1)}
+                results[f"{shape}/{precision}/{name}"] = {"batch": batch, "step_s": round(median, 4),
+                                                          "tokens_per_s": round(tokens / median, 1)}
                 print(f"{shape:<11} {precision:<9} {name:<16} {median:8.3f} {tokens / median:10.0f}")
     ratios = {}
     for shape in args.shapes:
@@ -129,8 +137,9 @@ def main() -> None:
         label = "ropelab / HF" if key.count("/") == 1 else "bf16 / fp32"
         target = "   target >= 1.2" if key.endswith("bf16") and key.count("/") == 1 else ""
         print(f"  {key:<34} {label:<13} {value:.2f}x{target}")
-    print(json.dumps({"benchmark": "train", "batch": args.batch, "seq": args.seq, "threads": torch.get_num_threads(),
-                      "steps": args.steps, "torch": torch.__version__, "results": results, "ratios": ratios}))
+    print(json.dumps({"benchmark": "train", "seq": args.seq, "threads": torch.get_num_threads(),
+                      "steps": {"fp32": args.steps, "bf16": args.bf16_steps}, "torch": torch.__version__,
+                      "results": results, "ratios": ratios}))
 
 
 if __name__ == "__main__":

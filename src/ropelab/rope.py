@@ -17,9 +17,16 @@ Two implementations of the same rotation:
     of q and k, in one autograd node, and its backward rotates only the same channels of the
     incoming gradient back (by -angle), in place. Work scales with the fraction; fraction 0
     does nothing. `RotaryEmbedding.forward` picks it when that is safe (see `inplace_target`).
+    float32 ``half`` pairs take four elementwise passes over rotary_dims/2 channels; float32
+    ``interleaved`` pairs are adjacent and take one complex multiplication. Each pass walks
+    every (batch, head, token) row, so at small fractions the per-row cost of eager kernels,
+    not the bytes moved, dominates (see BENCHMARKS.md).
+Under torch.compile the reference is traced (Inductor fuses it) and cos/sin are computed from
+the positions instead of the table, so the model compiles without graph breaks.
 
-Not here: a CUDA (Triton) kernel. The fast path is plain PyTorch ops and runs on any device,
-but a fused GPU kernel could not be tested where this was written, so none is shipped.
+Not here: a fused CUDA (Triton) kernel. On GPUs the fast path runs the same PyTorch ops (a few
+kernel launches per call); a Triton kernel could not be tested where this was written, so none
+is shipped.
 """
 
 from __future__ import annotations
@@ -104,8 +111,8 @@ def _rotate_pairs_(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: t
     """(x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) in place; by -angle when `inverse`.
 
     float32: four elementwise passes over rotary_dims/2 channels, writing straight into x1 and
-    x2 (one temporary, x1 sin). Other dtypes are computed in float32, like `rotate`, and rounded
-    once on the way back."""
+    x2 (one temporary, x1 sin). Other dtypes are computed in float32, like `rotate`, on float32
+    copies of the rotated channels, and rounded once on the way back."""
     if x1.dtype == torch.float32:
         sign = -1.0 if inverse else 1.0
         a = x1 * sin
@@ -114,13 +121,13 @@ def _rotate_pairs_(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: t
             a.neg_()  # exact; the elementwise ops below then match (x2 cos - x1 sin) of the reference
         torch.addcmul(a, x2, cos, out=x2)  # x2 cos +- x1 sin, written in place (out aliases x2 exactly)
         return
-    f1, f2 = x1.float(), x2.float()
-    if inverse:
-        n1, n2 = f1 * cos + f2 * sin, f2 * cos - f1 * sin
-    else:
-        n1, n2 = f1 * cos - f2 * sin, f2 * cos + f1 * sin
+    sign = -1.0 if inverse else 1.0
+    f1, f2 = x1.float(), x2.float()  # float32 copies of the rotated channels only
+    n1 = f1 * cos
+    n1.addcmul_(f2, sin, value=-sign)  # x1 cos -+ x2 sin
     x1.copy_(n1)
-    x2.copy_(n2)
+    f2.mul_(cos).addcmul_(f1, sin, value=sign)  # x2 cos +- x1 sin
+    x2.copy_(f2)
 
 
 def _as_complex_pairs(x: torch.Tensor, rotary_dims: int) -> Optional[torch.Tensor]:
@@ -239,6 +246,9 @@ def partial_rotary(
         return q, k
     if _shares_memory(q, k):
         return None
+    for x in (q, k):  # cos/sin must broadcast to x's shape, not grow it (the result is written into x)
+        if x.dim() != cos.dim() or any(c not in (1, n) for c, n in zip(cos.shape[:-1], x.shape[:-1])):
+            return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         targets = inplace_target(q), inplace_target(k)
         if None in targets or _shares_memory(targets[0][0], targets[1][0]):
@@ -288,7 +298,9 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for position ids (B, T) -> each (B, 1, T, rotary_dims/2), float32."""
-        if self.config.cache == "none":
+        if self.config.cache == "none" or torch.compiler.is_compiling():
+            # Under torch.compile the table's data-dependent size (max position) would break the
+            # graph; the angles of the positions themselves are the same numbers the table holds.
             cos, sin = rope_angles(position_ids, self.inv_freq)
         else:
             needed = int(position_ids.max()) + 1
@@ -307,7 +319,9 @@ class RotaryEmbedding(nn.Module):
         outputs of projections, as in `Attention`), or views of such tensors, and they share
         no memory. Then the tensors passed in hold the rotated values afterwards. Otherwise
         (no grad, leaf tensors, q and k aliasing, under torch.compile) the reference
-        `apply_partial_rope` returns new tensors and leaves the inputs alone.
+        `apply_partial_rope` returns new tensors and leaves the inputs alone. Both give the
+        same numbers up to float32 rounding (last-bit differences from fused multiply-adds);
+        pass-through channels are bit-identical either way.
         ``inplace = True`` also rotates tensors that need no grad in place (inference).
         ``inplace = False`` always uses the reference."""
         if self.rotary_dims == 0:
