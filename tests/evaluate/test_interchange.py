@@ -16,21 +16,7 @@ from ropelab.evaluate.interchange import export_hf, import_hf, load_model, save_
 from ropelab.model import Transformer  # noqa: E402
 
 TOL = 1e-4
-TINY_BPE = [
-    "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
-    "data.tokenizer=bpe:300", "data.seq_len=32", "train.micro_batch=2", "train.steps=3", "train.eval_every=3",
-    "train.eval_batches=1", "train.checkpoint_every=3", "train.progress=false",
-]
 TEXT = "def add(a, b):\n    return a + b\n"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, ropelab_cache):
-    from ropelab.train.loop import train
-
-    run_dir = tmp_path_factory.mktemp("interchange") / "run"
-    train(build_run_config(overrides=TINY_BPE), run_dir)
-    return run_dir
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,11 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval")
 
 from ropelab.cli import build_parser  # noqa: E402
-from ropelab.config import build_run_config  # noqa: E402
 from ropelab.evaluate.lm_eval import (  # noqa: E402
     PAPER_TASKS, evaluate_lm, resolve_tasks, results_markdown, select_metrics,
 )
 
 TOL = 1e-4
-TINY_BPE = [
-    "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
-    "data.tokenizer=bpe:300", "data.seq_len=32", "train.micro_batch=2", "train.steps=3", "train.eval_every=3",
-    "train.eval_batches=1", "train.checkpoint_every=3", "train.progress=false",
-]
 TASKS = ["local_mc", "local_ppl", "lambada_local", "local_gen"]
 MC = [
     {"question": "What does len([1, 2, 3]) return?", "choices": ["3", "an error", "[1, 2, 3]"], "label": 0},
@@ -97,15 +91,6 @@ metric_list:
   - {{metric: exact_match, aggregation: mean, higher_is_better: true}}
 """,
 }
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, ropelab_cache):
-    from ropelab.train.loop import train
-
-    run_dir = tmp_path_factory.mktemp("lm_eval") / "run"
-    train(build_run_config(overrides=TINY_BPE), run_dir)
-    return run_dir
 
 
 @pytest.fixture(scope="module")
