@@ -4,7 +4,8 @@
                                 pretrained=RUN_OR_CHECKPOINT[,batch_size=8,device=cuda,max_length=N,...]``
   evaluate_lm(runs, tasks, out) every run on every task -> results.json, results.md (a column per run,
                                 a row per task/metric) and, with LAMBADA, lambada_ppl_vs_fraction.png
-  PAPER_TASKS / PAPER_METRICS   the partial-RoPE seed's zero-shot suite and the metric reported per task
+  PAPER_TASKS                   the partial-RoPE seed's zero-shot suite (metrics per task and the
+                                reports: `ropelab.evaluate.lm_eval_report`)
 
 How the harness finds "ropelab". lm-eval (0.4.x up to at least 0.4.13) resolves ``--model NAME`` only
 through its in-process registry, filled by ``lm_eval.models`` and by whatever module the caller has
@@ -32,9 +33,7 @@ tokenizer defines one, and ropelab never trains BOS). For identical numbers thro
 from __future__ import annotations
 
 import difflib
-import json
 import logging
-import math
 import os
 import re
 import socket
@@ -50,6 +49,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ropelab.config import ConfigError
+from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
+    PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
+)
 
 try:
     import lm_eval
@@ -71,14 +73,7 @@ PAPER_TASKS: list[str] = [
     "wsc273",  # the seed's "WSC": the 273-problem Winograd Schema Challenge (the harness's `wsc` is SuperGLUE's)
     "pubmedqa",
 ]
-PAPER_METRICS: dict[str, list[str]] = {
-    "arc_easy": ["acc_norm"], "arc_challenge": ["acc_norm"], "logiqa": ["acc_norm"],
-    "lambada_openai": ["acc", "perplexity"], "piqa": ["acc_norm"], "sciq": ["acc_norm"],
-    "winogrande": ["acc"], "wsc273": ["acc"], "pubmedqa": ["acc"],
-}
-_PERPLEXITY_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 _PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "webdataset", "imagefolder", "audiofolder"}
-_LOWER_IS_BETTER = set(_PERPLEXITY_METRICS)
 
 # ------------------------------------------------------------------ the harness model
 
@@ -494,122 +489,6 @@ def load_tasks(names: list[str], include_path: Optional[str] = None, probe_timeo
 # ------------------------------------------------------------------ results
 
 
-def select_metrics(task: str, metrics: dict[str, Any]) -> list[str]:
-    """The metrics reported for `task`: the seed's choice for its suite; otherwise acc_norm (else acc)
-    plus any perplexity-style metric; otherwise every metric."""
-    available = {key.split(",")[0] for key in metrics if "_stderr" not in key and key != "alias" and "," in key}
-    if task in PAPER_METRICS:
-        return [m for m in PAPER_METRICS[task] if m in available]
-    chosen = ["acc_norm"] if "acc_norm" in available else ["acc"] if "acc" in available else []
-    chosen += [m for m in _PERPLEXITY_METRICS if m in available]
-    return chosen or sorted(available)
-
-
-def _metric_value(metrics: dict[str, Any], metric: str) -> tuple[Optional[float], Optional[float]]:
-    def number(value):
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    for key, value in metrics.items():
-        if key.split(",")[0] == metric:
-            stderr = next((v for k, v in metrics.items() if k.split(",")[0] == f"{metric}_stderr"), None)
-            return number(value), number(stderr)
-    return None, None
-
-
-def _labels(paths: list[str]) -> list[str]:
-    labels = []
-    for raw in paths:
-        p = Path(raw).resolve()
-        label = f"{p.parent.parent.name}@{p.name}" if p.parent.name == "checkpoints" else p.name
-        labels.append(label)
-    seen: dict[str, int] = {}
-    for i, label in enumerate(labels):
-        if labels.count(label) > 1:
-            seen[label] = seen.get(label, 0) + 1
-            labels[i] = f"{label}#{seen[label]}"
-    return labels
-
-
-def _format(metric: str, value: Optional[float], stderr: Optional[float]) -> str:
-    if value is None:
-        return "–"
-    digits = 2 if metric in _LOWER_IS_BETTER and metric != "bits_per_byte" else 4
-    show = lambda v: f"{v:.4g}" if abs(v) >= 1e6 else f"{v:.{digits}f}"  # noqa: E731
-    text = show(value)
-    if stderr is not None and math.isfinite(stderr):
-        text += f" ± {show(stderr)}"
-    return text
-
-
-def results_markdown(results: dict) -> str:
-    runs = results["runs"]
-    header = "| task | metric | " + " | ".join(r["label"] for r in runs) + " |"
-    lines = [header, "|" + "---|" * (len(runs) + 2)]
-    for task in results["tasks"]:
-        metrics: list[str] = []
-        for run in runs:
-            metrics += [m for m in run["metrics"].get(task, {}) if m not in metrics]
-        for metric in metrics:
-            cells = [_format(metric, *(r["metrics"].get(task, {}).get(metric) or (None, None))) for r in runs]
-            arrow = "↓" if metric in _LOWER_IS_BETTER else "↑"
-            lines.append(f"| {task} | {metric} {arrow} | " + " | ".join(cells) + " |")
-    limit = results.get("limit")
-    note = (f"lm-eval {results['lm_eval_version']}, zero-shot" + (f", limit {limit} per task" if limit else "")
-            + "; runs: " + ", ".join(f"{r['label']} = {r['checkpoint']} (RoPE fraction {r['effective_rope_fraction']:.3g})" for r in runs))
-    return "\n".join(lines) + "\n\n" + note + "\n"
-
-
-def plot_lambada(results: dict, path: Path) -> Optional[Path]:
-    """LAMBADA perplexity against each run's effective RoPE fraction (the seed's Figure 5)."""
-    points = []
-    for run in results["runs"]:
-        for task, metrics in run["metrics"].items():
-            if task.startswith("lambada") and metrics.get("perplexity") and metrics["perplexity"][0] is not None:
-                points.append((run["effective_rope_fraction"], metrics["perplexity"][0], run["label"], task))
-    if not points:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for task in sorted({p[3] for p in points}):
-        series = sorted(p for p in points if p[3] == task)
-        ax.plot([p[0] for p in series], [p[1] for p in series], "o-", label=task)
-        labels: dict[tuple[float, float], list[str]] = {}
-        for x, y, label, _ in series:
-            labels.setdefault((x, y), []).append(label)
-        for (x, y), names in labels.items():  # runs on the same point share one label
-            ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if all(p[1] > 0 for p in points) and max(p[1] for p in points) / min(p[1] for p in points) > 10:
-        ax.set_yscale("log")
-    ax.set_xlabel("effective RoPE fraction (rotary dims / head dim)")
-    ax.set_ylabel("LAMBADA perplexity ↓")
-    ax.set_title("LAMBADA perplexity vs RoPE fraction")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
-
-
-def write_reports(results: dict, out_dir: str | Path) -> dict[str, str]:
-    """lambada_ppl_vs_fraction.png (with a LAMBADA task), results.md and results.json (which lists the
-    files as results["files"]) in `out_dir`; returns {file name: path}."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"results.json": out / "results.json", "results.md": out / "results.md"}
-    png = plot_lambada(results, out / "lambada_ppl_vs_fraction.png")
-    if png is not None:
-        files["lambada_ppl_vs_fraction.png"] = png
-    results["files"] = {k: str(v) for k, v in files.items()}
-    files["results.md"].write_text(results_markdown(results))
-    files["results.json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return results["files"]
-
-
 # ------------------------------------------------------------------ evaluate
 
 
@@ -655,7 +534,7 @@ def evaluate_lm(
     limit = int(limit) if limit is not None and float(limit).is_integer() else limit
     manager, _ = load_tasks(names, str(include_path) if include_path else None)
 
-    labels = _labels([str(r) for r in runs])
+    labels = run_labels([str(r) for r in runs])
     entries = []
     for run, label in zip(runs, labels):
         started = time.time()
@@ -668,7 +547,7 @@ def evaluate_lm(
         metrics = {}
         for task in per_task:
             chosen = select_metrics(task, per_task[task])
-            metrics[task] = {m: _metric_value(per_task[task], m) for m in chosen}
+            metrics[task] = {m: metric_value(per_task[task], m) for m in chosen}
         entries.append({
             "label": label, "run": str(run), "checkpoint": lm.checkpoint,
             "effective_rope_fraction": lm.rope_fraction, "max_length": lm.max_length,
