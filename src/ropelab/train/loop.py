@@ -22,8 +22,8 @@ import yaml
 
 from ropelab.config import ConfigError, RunConfig, build_run_config
 from ropelab.data.loader import PackedLoader
-from ropelab.data.tokenizer import load_tokenizer, padded_vocab
-from ropelab.data.tokens import builtin_token_folder, open_split, read_manifest
+from ropelab.data.pipeline import build_loaders
+from ropelab.data.tokenizer import padded_vocab
 from ropelab.model import Transformer, model_summary
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.optim import build_optimizer, lr_at, set_lr
@@ -51,28 +51,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={name!r}: CUDA is not available on this machine")
     return torch.device(name)
-
-
-def token_folder(config: RunConfig) -> tuple[Path, object]:
-    """The prepared token folder for the run's corpus and its tokenizer."""
-    data = config.data
-    if data.corpus == "stdlib":
-        tokenizer = load_tokenizer(data.tokenizer, data.corpus, data.val_percent)
-        return builtin_token_folder(data.corpus, tokenizer, data.val_percent), tokenizer
-    folder = Path(data.corpus)
-    if not folder.is_dir():
-        raise ConfigError(f"data.corpus={data.corpus!r}: neither 'stdlib' nor a prepared token folder")
-    return folder, None
-
-
-def prepare_data(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
-    folder, _ = token_folder(config)
-    manifest = read_manifest(folder)
-    train_split, val_split = open_split(folder, "train"), open_split(folder, "validation")
-    d = config.data
-    loader = PackedLoader(train_split, d.seq_len, config.seed, d.positions)
-    val_loader = PackedLoader(val_split, d.seq_len, config.seed, d.positions)
-    return loader, val_loader, manifest
 
 
 def autocast(config: RunConfig, device: torch.device):
@@ -170,7 +148,7 @@ def train(
             "set train.data_parallel=1 and raise train.grad_accum to keep the global batch"
         )
     device = resolve_device(config.train.device)
-    loader, val_loader, manifest = prepare_data(config)
+    loader, val_loader, manifest = build_loaders(config)
     if config.model.vocab_size is None:
         config.model.vocab_size = padded_vocab(manifest["vocab_size"])
     elif config.model.vocab_size < manifest["vocab_size"]:
