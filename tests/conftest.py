@@ -21,3 +21,9 @@ TINY = [
 @pytest.fixture
 def tiny_overrides():
     return list(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_session_overrides():
+    """TINY for module- and session-scoped fixtures (copy before extending)."""
+    return tuple(TINY)

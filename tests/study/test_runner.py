@@ -6,7 +6,7 @@ from ropelab.config import ConfigError
 from ropelab.study.grid import StudyConfig
 from ropelab.study.runner import run_study
 from ropelab.train.checkpoint import latest_checkpoint
-from ropelab.train.loop import read_metrics
+from ropelab.train.metrics import read_metrics
 
 
 def losses(run):

@@ -10,7 +10,8 @@ import torch
 
 from ropelab.config import ConfigError, build_run_config
 from ropelab.train import checkpoint as ckpt
-from ropelab.train.loop import read_metrics, train
+from ropelab.train.loop import train
+from ropelab.train.metrics import read_metrics
 
 
 def losses(run_dir):

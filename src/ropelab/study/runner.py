@@ -23,7 +23,7 @@ import yaml
 from ropelab.config import ConfigError
 from ropelab.study.grid import PlannedRun, StudyConfig, expand
 from ropelab.train.checkpoint import latest_checkpoint
-from ropelab.train.loop import read_metrics
+from ropelab.train.metrics import read_metrics
 
 
 @dataclass

@@ -1,9 +1,16 @@
-"""Crash-safe checkpoints.
+"""Crash-safe, sharded checkpoints.
 
-Each checkpoint is a folder ``checkpoints/step_<N>/`` holding ``model.safetensors`` (weights)
-and ``state.pt`` (optimizer, step, RNG states, data position). It is written under a
-temporary name, marked complete with a ``COMPLETE`` file, then renamed into place, so a
-folder without the marker (a crash mid-write) is never loaded.
+A checkpoint is a folder ``checkpoints/step_<N>/``:
+  dcp/                 model and optimizer state, torch.distributed.checkpoint format: each rank
+                       writes its own shards, and loading reshards to the current world size
+  model.safetensors    the full weights in one file (rank 0), for export, evaluation and probing
+  state.pt             step, phase, data position, world size and global batch (rank 0)
+  rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states
+  COMPLETE             written last
+Every rank writes into ``.tmp_step_<N>`` first; rank 0 adds the marker and renames the folder
+into place only after all ranks have finished, so a crash mid-write leaves a temporary folder
+that is never loaded (and is cleared on the next save). The last ``keep`` checkpoints are kept.
+On a multi-node job the run directory must be on a file system every node sees.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -19,12 +27,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ropelab.config import ConfigError
+from ropelab.train.distributed import DistEnv
 
 MARKER = "COMPLETE"
+_SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{step:08d}"
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -56,16 +70,24 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """Names under which an already-named parameter appears again (tied embeddings)."""
+    seen, aliases = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name.removeprefix("module."))
+        seen.add(id(param))
+    return aliases
+
+
+def _dedup_tied(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Tied weights stored once (safetensors refuses shared storage), on the CPU."""
+    aliases = _tied_aliases(model)
+    return {name: t.detach().contiguous().cpu() for name, t in state.items() if name not in aliases}
+
+
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """State dict with tied weights stored once (safetensors refuses shared storage)."""
-    state = {}
-    seen = set()
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        state[name] = tensor.detach().contiguous().cpu()
-    return state
+    return _dedup_tied(model.state_dict(), model)
 
 
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
@@ -76,31 +98,82 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
         raise ConfigError(f"{path}: does not match the model (missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})")
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int) -> Path:
+def _full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded weights on the CPU (a collective under FSDP: every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def clear_partial(run_dir: Path) -> None:
+    """Remove temporary folders left by a crash in the middle of a save."""
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
-    tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(model_state(model), str(tmp / "model.safetensors"))
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra}, tmp / "state.pt")
-    (tmp / MARKER).write_text(str(step))
-    if final.exists():  # same step written again after a resume: replace the old copy atomically-ish
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if root.is_dir():
+        for tmp in root.glob(".tmp_step_*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int,
+                    env: Optional[DistEnv] = None) -> Path:
+    """Collective: every rank calls it with its own (possibly sharded) model and optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    env = env or DistEnv()
+    root = checkpoint_dir(run_dir)
+    final = step_dir(run_dir, step)
+    tmp = root / f".tmp_step_{step:08d}"
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    env.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    weights = _full_weights(model)
+    torch.save(rng_state(), tmp / f"rng_rank{env.rank}.pt")
+    if env.is_main:
+        save_file(_dedup_tied(weights, model), str(tmp / "model.safetensors"))
+        torch.save({"step": step, "world": env.world, **extra}, tmp / "state.pt")
+    env.barrier()
+    if env.is_main:
+        (tmp / MARKER).write_text(str(step))
+        if final.exists():  # the same step written again after a resume
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    env.barrier()
     return final
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None) -> dict:
-    if not (path / MARKER).is_file():
+def read_state(path: Path) -> dict:
+    """A complete checkpoint's bookkeeping (step, data position, world size, global batch)."""
+    if not (Path(path) / MARKER).is_file():
         raise ConfigError(f"{path}: incomplete checkpoint (no {MARKER} marker); refusing to load it")
-    load_model_state(model, path / "model.safetensors")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Optional[DistEnv] = None) -> dict:
+    """Collective: restore model and optimizer (resharded to this world size) and this rank's RNG."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    env = env or DistEnv()
+    state = read_state(path)
+    model_sd, optim_sd = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
+    to_load = {"model": model_sd, "optim": optim_sd} if optimizer is not None else {"model": model_sd}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
+        dcp.load(to_load, checkpoint_id=str(Path(path) / "dcp"))
     if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"])
+        set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
+    else:
+        model.load_state_dict(to_load["model"])
+    rng_file = Path(path) / f"rng_rank{env.rank}.pt"
+    if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
+        set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
     return state

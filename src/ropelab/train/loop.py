@@ -1,19 +1,23 @@
-"""The training loop: one process, gradient accumulation, bf16 autocast, periodic validation,
-crash-safe checkpoints and exact resume.
+"""The training loop: one process or a `torchrun` job (DDP or FSDP2), gradient accumulation,
+bf16 autocast, phases, periodic validation, crash-safe checkpoints, exact resume, and
+non-finite / spiking steps skipped before they touch the weights.
 
 A run directory holds:
   config.yaml      the resolved configuration (what --resume uses)
-  metrics.jsonl    one JSON row per step; validation rows carry "val_loss"
+  metrics.jsonl    one JSON row per logged step (rank 0); see `ropelab.train.metrics`
   checkpoints/     see `ropelab.train.checkpoint`
-  result.json      written when the run finishes ("status": "done")
+  result.json      written when the run finishes ("steps", final losses, per-phase validation)
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import statistics
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -21,14 +25,24 @@ import torch
 import yaml
 
 from ropelab.config import ConfigError, RunConfig, build_run_config
-from ropelab.data.loader import PackedLoader
+from ropelab.data.loader import Batch, PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
+from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer, model_summary
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.distributed import (
+    DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
+)
+from ropelab.train.metrics import MetricsLog, read_metrics
 from ropelab.train.optim import build_optimizer, lr_at, set_lr
+from ropelab.train.phases import Phase, phase_at, resolve_phases
 
 Callback = Callable[[dict], None]
+# objective(model, batch) -> (loss to backpropagate, floats to log); the model is the wrapped one
+Objective = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict]]
+
+__all__ = ["train", "TrainResult", "TrainingDiverged", "evaluate_loss", "load_run_config", "read_metrics"]
 
 
 @dataclass
@@ -40,28 +54,43 @@ class TrainResult:
     tokens: int
     wall_time_s: float
     tokens_per_s: float
+    skipped_steps: int = 0
+    phases: list = field(default_factory=list)  # [{"name", "end_step", "val_loss"}]
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name!r}: CUDA is not available on this machine")
-    return torch.device(name)
+def uses_bf16(config: RunConfig, device: torch.device) -> bool:
+    precision = config.train.precision
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
 def autocast(config: RunConfig, device: torch.device):
-    precision = config.train.precision
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if uses_bf16(config, device):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
+def cross_entropy_objective(config: RunConfig) -> Objective:
+    """Next-token cross-entropy, plus PaLM's z-loss when `train.z_loss` > 0."""
+    use_doc_ids, z_weight = config.attention.doc_mask, config.train.z_loss
+
+    def objective(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict]:
+        logits, loss = model(batch.input_ids, batch.labels, batch.position_ids, batch.doc_ids if use_doc_ids else None)
+        if not z_weight:
+            return loss, {}
+        valid = batch.labels != -100
+        z = torch.logsumexp(logits.float(), dim=-1)[valid].pow(2).mean()
+        return loss + z_weight * z, {"ce": loss.item(), "z_loss": z.item()}
+
+    return objective
+
+
 @torch.no_grad()
-def evaluate_loss(model: Transformer, loader: PackedLoader, config: RunConfig, device: torch.device) -> float:
+def evaluate_loss(model: torch.nn.Module, loader: PackedLoader, config: RunConfig, device: torch.device) -> float:
+    """Mean validation loss over the first `eval_batches` micro-batches (every rank runs all of them,
+    so that FSDP's collective forwards stay in step)."""
     model.eval()
     total, count = 0.0, 0
     use_doc_ids = config.attention.doc_mask
@@ -74,32 +103,6 @@ def evaluate_loss(model: Transformer, loader: PackedLoader, config: RunConfig, d
         count += n
     model.train()
     return total / count
-
-
-class MetricsLog:
-    """Append-only metrics.jsonl; on resume, rows after the checkpoint's step are dropped."""
-
-    def __init__(self, path: Path, resume_step: int = 0):
-        self.path = path
-        if resume_step and path.exists():
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            kept = [r for r in rows if r["step"] <= resume_step]
-            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self.file = open(path, "a")
-
-    def write(self, row: dict) -> None:
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
@@ -118,121 +121,259 @@ def _progress(enabled: bool):
     )
 
 
+def _check_resume_world(state: dict, phases: list[Phase], env: DistEnv, path: Path) -> None:
+    """Resuming on another world size is allowed only if every step keeps its global batch (DCP
+    reshards weights and optimizer; each step then sees the same samples, split differently)."""
+    saved_batch = state.get("global_batch")
+    batch = phase_at(phases, state["step"]).config.train.global_batch
+    if saved_batch is not None and saved_batch != batch:
+        raise ConfigError(
+            f"{path}: written by {state.get('world', 1)} process(es) with global batch {saved_batch}; this job's "
+            f"{env.world} process(es) make it {batch}. Resume with {state.get('world', 1)} process(es), or edit "
+            f"train.grad_accum in config.yaml so that micro_batch * grad_accum * processes = {saved_batch}"
+        )
+
+
+class _SkipGuard:
+    """Decides whether a step's update is applied: non-finite loss or gradients (on any rank), or a
+    loss above `spike_factor` x the median of the last `spike_window` applied steps."""
+
+    def __init__(self, config: RunConfig):
+        self.factor = config.train.spike_factor
+        self.recent: deque[float] = deque(maxlen=config.train.spike_window)
+        self.max_bad = config.train.max_bad_steps
+        self.consecutive = 0
+        self.skipped = 0
+
+    def reason(self, finite: bool, loss: float) -> Optional[str]:
+        if not finite:
+            return "non-finite"
+        if self.factor and len(self.recent) >= min(10, self.recent.maxlen) and loss > self.factor * statistics.median(self.recent):
+            return "spike"
+        return None
+
+    def record(self, reason: Optional[str], loss: float) -> None:
+        if reason is None:
+            self.consecutive = 0
+            self.recent.append(loss)
+        else:
+            self.consecutive += 1
+            self.skipped += 1
+
+    @property
+    def exhausted(self) -> bool:
+        return self.consecutive >= self.max_bad
+
+
 def train(
     config: Optional[RunConfig] = None,
     out_dir: str | Path = "runs/default",
     resume: bool = False,
     callbacks: tuple[Callback, ...] = (),
+    objective: Optional[Objective] = None,
+    from_checkpoint: Optional[str | Path] = None,
 ) -> TrainResult:
-    """Train (or resume) one run in `out_dir`. Returns the final figures."""
+    """Train (or resume) one run in `out_dir`; under `torchrun` every rank calls this. Returns the
+    final figures. `resume` continues from the newest complete checkpoint, or from
+    `from_checkpoint` (a checkpoint folder, or a step number) when given. `objective` replaces
+    the loss (default: cross-entropy, or distillation when the config has a `distill` section)."""
     run_dir = Path(out_dir)
-    config_path = run_dir / "config.yaml"
-    start_step, state = 0, None
     if resume:
         config = load_run_config(run_dir)
-        latest = ckpt.latest_checkpoint(run_dir)
-        if (run_dir / "result.json").is_file():
-            result = json.loads((run_dir / "result.json").read_text())
-            print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
-            return TrainResult(**{**result, "run_dir": run_dir})
-        if latest is None:
-            raise ConfigError(f"{run_dir}: no complete checkpoint to resume from")
     else:
         config = (config or RunConfig()).validate()
-        if config_path.exists() or (run_dir / "metrics.jsonl").exists():
-            raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    env, device = init_distributed(config.train.device)
+    started_group = env.active
+    try:
+        return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device)
+    finally:
+        if started_group:
+            shutdown_distributed()
 
-    if config.train.data_parallel != 1:
+
+def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device) -> TrainResult:
+    config_path = run_dir / "config.yaml"
+    tc = config.train
+    if tc.data_parallel is not None and tc.data_parallel != env.world and not resume:
         raise ConfigError(
-            f"train.data_parallel={config.train.data_parallel}: this trainer runs one process; "
-            "set train.data_parallel=1 and raise train.grad_accum to keep the global batch"
+            f"train.data_parallel={tc.data_parallel}: this job has {env.world} process(es); set train.data_parallel="
+            f"{env.world} (or drop it) and scale train.grad_accum to keep the global batch"
         )
-    device = resolve_device(config.train.device)
-    loader, val_loader, manifest = build_loaders(config)
+    start_step, latest = 0, None
+    if resume:
+        if (run_dir / "result.json").is_file():
+            result = json.loads((run_dir / "result.json").read_text())
+            if env.is_main:
+                print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
+            return TrainResult(**{**result, "run_dir": run_dir})
+        latest = _requested_checkpoint(run_dir, from_checkpoint) if from_checkpoint is not None else ckpt.latest_checkpoint(run_dir)
+        if latest is None:
+            raise ConfigError(f"{run_dir}: no complete checkpoint to resume from")
+    elif config_path.exists() or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    env.barrier()  # every rank has checked the run directory before rank 0 writes to it
+
+    phases = resolve_phases(config, env.world)
+    config.train.steps = phases[-1].end
+    loaders = {}
+
+    def loaders_for(phase: Phase) -> tuple[PackedLoader, PackedLoader, dict]:
+        if phase.index not in loaders:
+            loaders[phase.index] = build_loaders(phase.config)
+        return loaders[phase.index]
+
+    manifest = loaders_for(phases[0])[2]
     if config.model.vocab_size is None:
         config.model.vocab_size = padded_vocab(manifest["vocab_size"])
     elif config.model.vocab_size < manifest["vocab_size"]:
-        raise ConfigError(
-            f"model.vocab_size={config.model.vocab_size}: smaller than the tokenizer's {manifest['vocab_size']}"
-        )
-    if not resume:
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: smaller than the tokenizer's {manifest['vocab_size']}")
+    for phase in phases:
+        phase.config.model.vocab_size = config.model.vocab_size
+    if env.is_main and not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path.write_text(config.to_yaml())
+    if env.is_main:
+        ckpt.clear_partial(run_dir)
 
     torch.manual_seed(config.seed)
     model = Transformer(config.model).to(device)
-    model.set_attention_backend(config.attention.backend)
-    optimizer = build_optimizer(model, config.train)
-    if resume:
-        state = ckpt.load_checkpoint(latest, model, optimizer)
+    wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
+    optimizer = build_optimizer(wrapped, tc)
+    if latest is not None:
+        state = ckpt.read_state(latest)
+        _check_resume_world(state, phases, env, latest)
+        ckpt.load_checkpoint(latest, wrapped, optimizer, env)
         start_step = state["step"]
-    forward = torch.compile(model) if config.train.compile else model
+    forward = torch.compile(wrapped) if tc.compile else wrapped
+    objectives: dict[int, Objective] = {}
 
-    tc = config.train
-    tokens_per_step = tc.global_batch * config.data.seq_len
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step)
+    def objective_for(phase: Phase) -> Objective:
+        if objective is not None:
+            return objective
+        if phase.index not in objectives:
+            objectives[phase.index] = cross_entropy_objective(phase.config)
+        return objectives[phase.index]
+
+    metrics = MetricsLog(run_dir, resume_step=start_step, tensorboard=tc.tensorboard) if env.is_main else None
     summary = model_summary(model)
+    guard = _SkipGuard(config)
     last_loss, last_val = float("nan"), float("nan")
-    wall_start = time.perf_counter()
-    compute_time = 0.0
+    phase_results = _phase_results(run_dir, start_step)
+    wall_start, compute_time = time.perf_counter(), 0.0
     step = start_step
-    use_doc_ids = config.attention.doc_mask
 
-    def save(at_step: int) -> None:
-        ckpt.save_checkpoint(run_dir, at_step, model, optimizer, {"data": {"seed": config.seed, "next_step": at_step}}, tc.keep_checkpoints)
+    def save(at_step: int, phase: Phase) -> None:
+        extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
+                 "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results}
+        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env)
 
-    progress = _progress(tc.progress)
+    progress = _progress(tc.progress and env.is_main)
+    phase = phase_at(phases, step)
     try:
         with progress:
-            task = progress.add_task("train", total=tc.steps, completed=start_step, status=
+            task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=
                                      f"{summary['params'] / 1e6:.1f}M params, rotary {summary['rotary_dims']}/{summary['head_dim']}")
-            while step < tc.steps:
+            while step < phases[-1].end:
+                phase = phase_at(phases, step)
+                pc = phase.config
+                ptc = pc.train
+                if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
+                    model.set_rope_theta(pc.model.rope.theta)
+                    model.set_attention_backend(pc.attention.backend)
+                loader, val_loader, _ = loaders_for(phase)
+                tokens_per_step = ptc.global_batch * pc.data.seq_len
                 t0 = time.perf_counter()
-                lr = lr_at(step, tc)
+                lr = lr_at(step - phase.start, ptc)
                 set_lr(optimizer, lr)
-                loss_sum = 0.0
-                for micro in range(tc.grad_accum):
-                    batch = loader.batch(step, micro, tc.micro_batch, tc.grad_accum).to(device)
-                    with autocast(config, device):
-                        _, loss = forward(batch.input_ids, batch.labels, batch.position_ids, batch.doc_ids if use_doc_ids else None)
-                    (loss / tc.grad_accum).backward()
+                loss_sum, extras = 0.0, {}
+                for micro in range(ptc.grad_accum):
+                    batch = loader.batch(step - phase.start, micro, ptc.micro_batch, ptc.grad_accum, env.rank, env.world)
+                    batch = batch.to(device)
+                    with no_gradient_sync(wrapped, skip=micro < ptc.grad_accum - 1):
+                        with autocast(pc, device):
+                            loss, logged = objective_for(phase)(forward, batch)
+                        (loss / ptc.grad_accum).backward()
                     loss_sum += loss.item()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip).item()
-                optimizer.step()
+                    for key, value in logged.items():
+                        extras[key] = extras.get(key, 0.0) + value / ptc.grad_accum
+                grad_norm = clip_grad_norm(wrapped, ptc.grad_clip)
+                local_loss = loss_sum / ptc.grad_accum
+                finite = env.all_true(math.isfinite(local_loss) and math.isfinite(grad_norm), device)
+                last_loss = env.mean(local_loss, device) if finite else float("nan")
+                reason = guard.reason(finite, last_loss)
+                if reason is None:
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                guard.record(reason, last_loss)
                 step += 1
                 dt = time.perf_counter() - t0
                 compute_time += dt
-                last_loss = loss_sum / tc.grad_accum
-                row = {"step": step, "tokens": step * tokens_per_step, "loss": last_loss, "lr": lr,
-                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_step / dt}
-                if step % tc.eval_every == 0 or step == tc.steps:
-                    last_val = evaluate_loss(model, val_loader, config, device)
+                row = {"step": step, "tokens": _tokens_seen(phases, step), "loss": last_loss, "lr": lr,
+                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_step / dt,
+                       **{k: env.mean(v, device) for k, v in extras.items()}}
+                if len(phases) > 1:
+                    row["phase"] = phase.name
+                if reason is not None:
+                    row.update(skipped=reason, skipped_total=guard.skipped)
+                if step % ptc.eval_every == 0 or step == phase.end:
+                    last_val = evaluate_loss(forward, val_loader, pc, device)
                     row["val_loss"] = last_val
-                if step % tc.log_every == 0 or "val_loss" in row:
+                if step == phase.end:
+                    phase_results.append({"name": phase.name, "end_step": step, "val_loss": last_val})
+                if metrics and (step % ptc.log_every == 0 or "val_loss" in row or reason):
                     metrics.write(row)
                 for callback in callbacks:
                     callback(row)
-                if step % tc.checkpoint_every == 0 or step == tc.steps:
-                    save(step)
+                if guard.exhausted:
+                    save(step, phase)  # bad steps left the weights untouched: this is the last good state
+                    raise TrainingDiverged(
+                        f"{run_dir}: {guard.consecutive} consecutive bad steps (last: {reason} at step {step}); "
+                        f"stopped with the last good weights in {ckpt.step_dir(run_dir, step)}"
+                    )
+                if step % ptc.checkpoint_every == 0 or step == phase.end:
+                    save(step, phase)
                 val_text = f" val {last_val:.3f}" if last_val == last_val else ""
-                progress.update(task, completed=step, status=f"loss {last_loss:.3f}{val_text} {row['tokens_per_s']:,.0f} tok/s")
+                progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}{val_text} {row['tokens_per_s']:,.0f} tok/s")
     except KeyboardInterrupt:
-        if step > start_step and ckpt.latest_checkpoint(run_dir) != ckpt.checkpoint_dir(run_dir) / f"step_{step:08d}":
-            save(step)
+        if step > start_step and ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
+            save(step, phase)
         raise
     finally:
-        metrics.close()
+        if metrics:
+            metrics.close()
 
-    trained_steps = step - start_step
+    trained_tokens = _tokens_seen(phases, step) - _tokens_seen(phases, start_step)
     result = TrainResult(
-        run_dir=run_dir,
-        steps=step,
-        final_train_loss=last_loss,
-        final_val_loss=last_val,
-        tokens=step * tokens_per_step,
-        wall_time_s=time.perf_counter() - wall_start,
-        tokens_per_s=trained_steps * tokens_per_step / compute_time if compute_time else float("nan"),
+        run_dir=run_dir, steps=step, final_train_loss=last_loss, final_val_loss=last_val,
+        tokens=_tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
+        tokens_per_s=trained_tokens / compute_time if compute_time else float("nan"),
+        skipped_steps=guard.skipped, phases=phase_results,
     )
-    (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    if env.is_main:
+        (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _requested_checkpoint(run_dir: Path, requested: str | Path) -> Path:
+    path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: requested checkpoint does not exist")
+    if not (path / ckpt.MARKER).is_file():
+        raise ConfigError(f"{path}: incomplete checkpoint (no {ckpt.MARKER} marker); refusing to load it")
+    return path
+
+
+def _tokens_seen(phases: list[Phase], step: int) -> int:
+    """Tokens trained on after global step `step` (phases may differ in batch and length)."""
+    total = 0
+    for phase in phases:
+        done = min(max(step - phase.start, 0), phase.steps)
+        total += done * phase.config.train.global_batch * phase.config.data.seq_len
+    return total
+
+
+def _phase_results(run_dir: Path, start_step: int) -> list:
+    latest = ckpt.latest_checkpoint(run_dir) if start_step else None
+    if latest is None:
+        return []
+    return [r for r in ckpt.read_state(latest).get("phase_results", []) if r["end_step"] <= start_step]
