@@ -6,10 +6,12 @@ A checkpoint is a folder ``checkpoints/step_<N>/``:
   model.safetensors    the full weights in one file (rank 0), for export, evaluation and probing
   state.pt             step, phase, data position, world size and global batch (rank 0)
   rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states
+  PHASE                (phase-boundary checkpoints only) the phase's name; never pruned
   COMPLETE             written last
 Every rank writes into ``.tmp_step_<N>`` first; rank 0 adds the marker and renames the folder
 into place only after all ranks have finished, so a crash mid-write leaves a temporary folder
-that is never loaded (and is cleared on the next save). The last ``keep`` checkpoints are kept.
+that is never loaded (and is cleared on the next save). The last ``keep`` checkpoints are kept,
+plus every phase-boundary checkpoint (`phase_checkpoints` finds them, e.g. for probing).
 On a multi-node job the run directory must be on a file system every node sees.
 """
 
@@ -30,6 +32,7 @@ from ropelab.config import ConfigError
 from ropelab.train.distributed import DistEnv
 
 MARKER = "COMPLETE"
+PHASE_MARKER = "PHASE"
 _SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 
 
@@ -53,6 +56,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def phase_checkpoints(run_dir: Path) -> dict[str, Path]:
+    """Phase name -> the complete checkpoint written at the end of that phase."""
+    return {(p / PHASE_MARKER).read_text(): p for p in list_checkpoints(run_dir) if (p / PHASE_MARKER).is_file()}
 
 
 def rng_state() -> dict:
@@ -114,8 +122,9 @@ def clear_partial(run_dir: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int,
-                    env: Optional[DistEnv] = None) -> Path:
-    """Collective: every rank calls it with its own (possibly sharded) model and optimizer."""
+                    env: Optional[DistEnv] = None, phase_end: Optional[str] = None) -> Path:
+    """Collective: every rank calls it with its own (possibly sharded) model and optimizer.
+    `phase_end` names the phase this checkpoint completes (kept for good)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -140,12 +149,15 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
         torch.save({"step": step, "world": env.world, **extra}, tmp / "state.pt")
     env.barrier()
     if env.is_main:
+        if phase_end is not None:
+            (tmp / PHASE_MARKER).write_text(phase_end)
         (tmp / MARKER).write_text(str(step))
         if final.exists():  # the same step written again after a resume
             shutil.rmtree(final)
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if not (old / PHASE_MARKER).is_file():
+                shutil.rmtree(old, ignore_errors=True)
     env.barrier()
     return final
 

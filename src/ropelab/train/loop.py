@@ -265,7 +265,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     def save(at_step: int, phase: Phase) -> None:
         extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
                  "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results}
-        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env)
+        phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
+        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end)
 
     progress = _progress(tc.progress and env.is_main)
     phase = phase_at(phases, step)

@@ -1,0 +1,129 @@
+"""Training throughput: tokens per second and model FLOPs utilisation (MFU).
+
+MFU is the model's training FLOPs per second over the device's peak FLOP/s (Chowdhery et al.
+2022, PaLM, appendix B). The model's FLOPs per token come from `Transformer.flops_per_token`
+(6N plus the attention term). The peak is:
+  * on NVIDIA GPUs: the dense (no sparsity) bf16 tensor-core figure of the card's datasheet,
+    matched by the name torch reports (`GPU_SPECS`, which also lists the memory bandwidth that
+    `benchmarks/gpu.py` compares its RoPE kernel with). An unknown card has no peak, so no MFU;
+  * on CPUs: measured. No datasheet speaks for a virtual machine's share of a CPU, and the vector
+    units decide which dtype is fast (on AVX2-only CPUs bfloat16 matrix products are slower than
+    float32). The figure is the best of a few timed square matrix products in the dtype the
+    training runs, on torch's threads, measured once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    pattern: str  # regular expression searched in torch.cuda.get_device_name()
+    bf16_flops: float  # dense bf16 tensor-core peak, FLOP/s
+    bandwidth: float  # memory bandwidth, bytes/s
+
+
+# NVIDIA datasheets (Ada/Ampere architecture whitepapers for the GeForce cards). Datasheets quote
+# bf16 "with sparsity"; these are the dense figures, half of those. First match wins.
+GPU_SPECS = (
+    GpuSpec(r"H100.*PCIe", 756e12, 2.0e12),
+    GpuSpec(r"H100.*NVL", 835e12, 3.9e12),
+    GpuSpec(r"H100", 989e12, 3.35e12),  # SXM
+    GpuSpec(r"(?<!G)H200.*NVL", 835e12, 4.8e12),
+    GpuSpec(r"(?<!G)H200", 989e12, 4.8e12),  # SXM
+    GpuSpec(r"A100.*80GB.*PCIe", 312e12, 1.935e12),
+    GpuSpec(r"A100.*80GB", 312e12, 2.039e12),  # SXM
+    GpuSpec(r"A100", 312e12, 1.555e12),  # 40GB
+    GpuSpec(r"\bL40S\b", 362e12, 864e9),
+    GpuSpec(r"\bL40\b", 181e12, 864e9),
+    GpuSpec(r"\bL4\b", 121e12, 300e9),
+    GpuSpec(r"\bA10\b", 125e12, 600e9),
+    GpuSpec(r"RTX 4090", 165e12, 1.008e12),
+    GpuSpec(r"RTX 3090", 71e12, 936e9),
+)
+
+
+def gpu_spec(name: str) -> Optional[GpuSpec]:
+    """The datasheet row for a GPU name as torch reports it (e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    return next((spec for spec in GPU_SPECS if re.search(spec.pattern, name)), None)
+
+
+@functools.cache
+def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None, size: int = 1024) -> float:
+    """FLOP/s of the fastest of a few (size x size) @ (size x size) products in `dtype` on `threads`
+    (default: torch's); measured once per process and arguments."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
+        torch.mm(a, b)  # warm-up: allocations, thread pool, kernel choice
+        best, spent, reps = float("inf"), 0.0, 0
+        while reps < 3 or (spent < 0.5 and reps < 20):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            elapsed = time.perf_counter() - start
+            best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * size**3 / best
+
+
+def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> tuple[Optional[float], str]:
+    """(peak FLOP/s, where the figure comes from) of `device` for training in `dtype`; None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        spec = gpu_spec(name)
+        if spec is None:
+            return None, f"no datasheet peak known for {name!r}: MFU not reported"
+        return spec.bf16_flops, f"NVIDIA datasheet, {name}, bf16 dense"
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        dtype_name = str(dtype).removeprefix("torch.")
+        return measured_cpu_peak(dtype, threads), f"measured {dtype_name} matmul, {threads} threads"
+    return None, f"no peak known for device type {device.type!r}: MFU not reported"
+
+
+def peak_bandwidth(device: torch.device | str) -> tuple[Optional[float], str]:
+    """(memory bandwidth in bytes/s, source) of a CUDA device from `GPU_SPECS`; None elsewhere."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None, f"no bandwidth table for device type {device.type!r}"
+    name = torch.cuda.get_device_name(device)
+    spec = gpu_spec(name)
+    if spec is None:
+        return None, f"no datasheet bandwidth known for {name!r}"
+    return spec.bandwidth, f"NVIDIA datasheet, {name}"
+
+
+class Throughput:
+    """Tokens/s over the last `window` steps, and MFU of `model` at `seq_len` tokens per sequence.
+
+    `peak` overrides the device's peak FLOP/s (default: `peak_flops(device, dtype)`, where dtype is
+    the precision the matrix products run in: bfloat16 under bf16 autocast)."""
+
+    def __init__(
+        self, model: torch.nn.Module, seq_len: int, tokens_per_step: int, device: torch.device | str,
+        dtype: torch.dtype = torch.float32, window: int = 20, peak: Optional[float] = None,
+    ):
+        self.model, self.seq_len, self.tokens_per_step = model, seq_len, tokens_per_step
+        self.peak, self.peak_source = (peak, "given") if peak is not None else peak_flops(device, dtype)
+        self.step_seconds: deque[float] = deque(maxlen=window)
+
+    def update(self, step_seconds: float) -> dict[str, Optional[float]]:
+        """Record one step's wall time; returns {"tokens_per_s", "mfu"} over the window (mfu None
+        when the peak is unknown)."""
+        self.step_seconds.append(step_seconds)
+        tokens_per_s = self.tokens_per_step * len(self.step_seconds) / sum(self.step_seconds)
+        mfu = self.model.mfu(tokens_per_s, self.seq_len, self.peak) if self.peak else None
+        return {"tokens_per_s": tokens_per_s, "mfu": mfu}
