@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable
 
 from ropelab.config import ConfigError, MODEL_PRESETS, RunConfig, build_run_config, load_yaml
+from ropelab.errors import TrainingDiverged
 
 OVERRIDES_HELP = """\
 overrides are dotted key=value pairs, values parsed as YAML, e.g.
@@ -18,6 +20,8 @@ overrides are dotted key=value pairs, values parsed as YAML, e.g.
   model.rope.style=slice|truncate   model.rope.layout=half|interleaved   model.rope.cache=table|none
   model.block=sequential|parallel   model.qk_norm=true   model.rope_layers={3: {fraction: 0}}
   data.seq_len=512   data.tokenizer=bytes|bpe:4096|<hf name or path>   data.positions=running|restart
+  data.corpus=stdlib|<folder from `ropelab data prepare`>   data.pack=cross|whole   data.mask_boundary_labels=true
+  data.verify=once|always|sizes   attention.backend=auto|sdpa|dense|varlen|flex
   train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=auto|bf16|fp32
   train.checkpoint_every=50   train.eval_every=50   attention.doc_mask=true   seed=1
 rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for any fraction > 0.
@@ -32,6 +36,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help=f"model preset: {', '.join(MODEL_PRESETS)}")
     p.add_argument("--out", default="runs/default", help="run directory (default: runs/default)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--from-checkpoint", metavar="STEP|DIR", help="with --resume: continue from this checkpoint instead")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     p.add_argument("overrides", nargs="*", metavar="key=value")
 
@@ -50,9 +55,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.preset or args.overrides:
             raise ConfigError("--resume continues the run with its saved config.yaml; drop --config/--preset/overrides")
-        result = train(out_dir=args.out, resume=True)
+        result = train(out_dir=args.out, resume=True, from_checkpoint=args.from_checkpoint)
+    elif args.from_checkpoint:
+        raise ConfigError("--from-checkpoint needs --resume")
     else:
         result = train(run_config_from_args(args), out_dir=args.out)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
     print(
         f"done: {result.steps} steps, {result.tokens:,} tokens, train loss {result.final_train_loss:.4f}, "
         f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s -> {result.run_dir}"
@@ -238,6 +247,63 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- distill
+
+DISTILL_HELP = """\
+distill keys: distill.teacher=<HF name | HF folder | ropelab run or checkpoint>   distill.temperature=1
+  distill.alpha=1 (1 = pure KD)   distill.top_k=<k>   distill.chunk_tokens=4096   distill.teacher_device=auto
+  distill.teacher_precision=auto|fp32|bf16   distill.logits_cache=<folder written by `ropelab distill --cache`>
+"""
+
+
+def _add_distill(p: argparse.ArgumentParser) -> None:
+    _add_train(p)
+    p.add_argument("--cache", action="store_true",
+                   help="instead of training, write the teacher's top-k logits for every batch of the run into --out")
+    p.add_argument("--dry-run", action="store_true", help="with --cache: print the cache size and stop")
+    p.add_argument("--steps", type=int, help="with --cache: only the run's first N optimizer steps (default: all)")
+    p.add_argument("--dtype", choices=["fp16", "fp32"], help="with --cache: log-probability storage (default fp16)")
+    p.set_defaults(out=None)  # training: runs/default; --cache: required (a new folder)
+    p.epilog = OVERRIDES_HELP + DISTILL_HELP
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """`ropelab train` for a config with a distill section, after checking the teacher (or the logits
+    cache) against the run; with --cache, `cache_teacher_logits` instead."""
+    if args.cache:
+        return _distill_cache(args)
+    if args.dry_run or args.steps is not None or args.dtype:
+        raise ConfigError("--dry-run, --steps and --dtype go with --cache")
+    args.out = args.out or "runs/default"
+    if not args.resume:
+        config = run_config_from_args(args)
+        if config.distill is None:
+            raise ConfigError("distill: no distill section; set distill.teacher=... (plain training: `ropelab train`)")
+        if config.distill.logits_cache:
+            from ropelab.distill.cache import CachedTeacher
+
+            CachedTeacher(config.distill.logits_cache, config)
+        else:
+            from ropelab.distill.teacher import check_teacher
+
+            check_teacher(config)
+    return cmd_train(args)
+
+
+def _distill_cache(args: argparse.Namespace) -> int:
+    from ropelab.distill.cache import cache_teacher_logits
+
+    if args.resume or args.from_checkpoint:
+        raise ConfigError("--cache writes a new folder; --resume and --from-checkpoint go with training")
+    if not args.out and not args.dry_run:
+        raise ConfigError("--out: required with --cache (a new folder for the teacher logits)")
+    size = cache_teacher_logits(run_config_from_args(args), args.out, steps=args.steps, dry_run=args.dry_run,
+                                dtype=args.dtype or "fp16")
+    if not args.dry_run:
+        print(f"wrote {size:,} bytes of teacher logits -> {args.out} (train with distill.logits_cache={args.out})")
+    return 0
+
+
 # ---------------------------------------------------------------------------- eval
 
 
@@ -285,12 +351,171 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return args.eval_handler(args)
 
 
+# ---------------------------------------------------------------------------- data
+
+
+def _add_data_prepare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", required=True,
+                   help="stdlib; a .jsonl/.json/.parquet/.txt file or a folder of them (a .txt file is one document); "
+                        "or a Hugging Face dataset: owner/name or hf:NAME (streamed)")
+    p.add_argument("--hf-config", help="dataset config (subset) name, e.g. sample-100BT")
+    p.add_argument("--split", default="train", help="dataset split to read (default: train)")
+    p.add_argument("--text-field", default="text", help="field holding the text in json/parquet/dataset rows (default: text)")
+    p.add_argument("--tokenizer", required=True, help="bytes, bpe:<vocab> (trained on stdlib), a tokenizer.json, or an HF name, e.g. EleutherAI/pythia-1b")
+    p.add_argument("--out", dest="out_dir", required=True, help="folder for the shards (new, or an unfinished one to resume)")
+    p.add_argument("--val-percent", type=float, default=2.0, help="share of documents held out for validation, by a hash of their text (default 2)")
+    p.add_argument("--max-documents", type=int, help="stop after this many source documents")
+    p.add_argument("--max-tokens", type=int, help="stop once this many tokens are written (e.g. a 100BT subset's first 1B)")
+    p.add_argument("--shard-tokens", type=int, default=2**28, help="tokens per shard (default 2^28)")
+    p.add_argument("--bos", action="store_true", help="prepend BOS to every document (EOS is always appended)")
+    p.add_argument("--encoding-errors", default="strict", choices=["strict", "replace", "ignore"], help="undecodable bytes in .txt/json files (default: strict = error)")
+    p.add_argument("--workers", type=int, help="tokenizer processes (default: one per CPU core)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from ropelab.data.prepare import prepare
+    from ropelab.data.sources import Source
+    from ropelab.data.tokenizer import load_tokenizer
+
+    source = Source(args.source, args.hf_config, args.split, args.text_field, args.encoding_errors)
+    tokenizer = load_tokenizer(args.tokenizer)
+    try:
+        manifest = prepare(source, tokenizer, args.out_dir, val_percent=args.val_percent, max_documents=args.max_documents,
+                           max_tokens=args.max_tokens, shard_tokens=args.shard_tokens, bos=args.bos, workers=args.workers,
+                           progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"ropelab: interrupted; completed shards are kept in {args.out_dir}: re-run the same command to resume", file=sys.stderr)
+        return 130
+    for split, info in manifest["splits"].items():
+        print(f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens in {len(info['shards'])} shard(s)")
+    print(f"tokenizer {manifest['tokenizer']} ({manifest['vocab_size']:,} tokens, {manifest['dtype']}) -> {args.out_dir}")
+    print(f"train on it with: ropelab train data.corpus={args.out_dir} data.tokenizer={manifest['tokenizer']}")
+    return 0
+
+
+def _add_data_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", help="a folder written by `ropelab data prepare`")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from ropelab.data.tokens import check_sizes, read_manifest
+    from ropelab.data.verify import verify_checksums
+
+    from pathlib import Path
+
+    folder = Path(args.folder)
+    manifest = read_manifest(folder)
+    check_sizes(folder, manifest)
+    verify_checksums(folder, manifest, remember=True, progress=not args.no_progress)
+    shards = sum(len(info["shards"]) for info in manifest["splits"].values())
+    print(f"{args.folder}: {shards} shard(s) match their sha256 checksums; tokenizer {manifest['tokenizer']} matches")
+    return 0
+
+
+DATA_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+    ("prepare", _add_data_prepare, cmd_data_prepare, "tokenize a corpus into checksummed shards (resumable)"),
+    ("verify", _add_data_verify, cmd_data_verify, "check a prepared folder's shards against their checksums"),
+]
+
+
+def _add_data(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="DATA")
+    for name, add_arguments, handler, help_text in DATA_COMMANDS:
+        q = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(q)
+        q.set_defaults(data_handler=handler)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    return args.data_handler(args)
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def _add_probe_run(p: argparse.ArgumentParser) -> None:
+    from ropelab.probe.config import SEED_BLOCK_LEN, SEED_REPEATS, STAGES
+
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                   help="run directories, <run>/checkpoints/step_N, imported folders, or Hugging Face Llama/GPT-NeoX/Qwen "
+                        "folders or hub names (imported on the fly); the first is the reference")
+    p.add_argument("--out", dest="out_dir", required=True, help="new folder for the results (must not exist or be empty)")
+    p.add_argument("--block-len", type=int, default=SEED_BLOCK_LEN, help=f"tokens per block: BOS, text, EOS (default {SEED_BLOCK_LEN})")
+    p.add_argument("--repeats", type=int, default=SEED_REPEATS, help=f"blocks in the window (default {SEED_REPEATS})")
+    p.add_argument("--text", help="text file for the block's content (default: the first long-enough validation document "
+                                  "of the first checkpoint's corpus)")
+    p.add_argument("--modes", default="causal-fp32-running",
+                   help="comma-separated modes, each ATTENTION-PRECISION-POSITIONS from causal|doc, fp32|bf16, running|restart "
+                        "(words may be left out: they keep the seed's causal, fp32, running), or `all` (default: causal-fp32-running)")
+    p.add_argument("--layers", default="all", help="comma-separated layer indices, negative from the end (default: all)")
+    p.add_argument("--stages", default="all", help=f"comma-separated stages from {', '.join(STAGES)} (default: all)")
+    p.add_argument("--top", type=int, default=10, help="weight-update spans listed as changed most (default 10)")
+    p.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_probe_run(args: argparse.Namespace) -> int:
+    from ropelab.probe import ProbeConfig, parse_layers, parse_modes, parse_stages, run_probe
+
+    config = ProbeConfig(block_len=args.block_len, repeats=args.repeats, text_file=args.text, modes=parse_modes(args.modes),
+                         layers=parse_layers(args.layers), stages=parse_stages(args.stages), device=args.device,
+                         progress=not args.no_progress, top_spans=args.top)
+    meta = run_probe(args.checkpoints, args.out_dir, config)
+    print(f"probed {len(meta['checkpoints'])} checkpoint(s) x {len(meta['modes'])} mode(s) on {meta['window']:,} tokens "
+          f"({meta['repeats']} x {meta['block_len']}) in {meta['wall_seconds']:.1f} s -> {meta['out_dir']}/index.html")
+    print("\n".join(meta["findings"]))
+    return 0
+
+
+def _add_probe_weights(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint_a", metavar="CKPT_A", help="the earlier checkpoint (the norms are its own)")
+    p.add_argument("checkpoint_b", metavar="CKPT_B", help="the later checkpoint")
+    p.add_argument("--out", dest="out_dir", required=True, help="new folder for weights.json, weights.png, index.html")
+    p.add_argument("--top", type=int, default=10, help="spans listed as changed most (default 10)")
+
+
+def cmd_probe_weights(args: argparse.Namespace) -> int:
+    from ropelab.probe import weight_updates
+
+    changes = weight_updates(args.checkpoint_a, args.checkpoint_b, args.out_dir, top=args.top)
+    print("spans of W_q / W_k that changed most (||dW|| / ||W_A|| over their rows):")
+    for s in changes["top_spans"]:
+        wavelength = "" if s["wavelength_tokens"] is None else f", wavelength {s['wavelength_tokens']:.4g} tokens"
+        print(f"  layer {s['layer']} W_{s['proj']} head {s['head']} {s['span']} (rows {s['rows'][0]}..{s['rows'][-1]}{wavelength}): "
+              f"{s['relative_change']:.4g}")
+    print(f"wrote {args.out_dir}/weights.json, weights.png, index.html")
+    return 0
+
+
+PROBE_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+    ("run", _add_probe_run, cmd_probe_run,
+     "repeat one block of text to fill the window and measure how each repeat's hidden states, queries, keys and logits move"),
+    ("weights", _add_probe_weights, cmd_probe_weights,
+     "change of W_q and W_k between two checkpoints per layer, head and rotary frequency pair"),
+]
+
+
+def _add_probe(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
+    for name, add_arguments, handler, help_text in PROBE_COMMANDS:
+        q = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(q)
+        q.set_defaults(probe_handler=handler)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    return args.probe_handler(args)
+
+
 # --------------------------------------------------------------------------- table
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 
 COMMANDS: list[Command] = [
     ("train", _add_train, cmd_train, "train one model (or resume one run)"),
+    ("distill", _add_distill, cmd_distill, "train a student by logit KD from a teacher (or, --cache, store teacher logits)"),
     ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
     ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
@@ -298,6 +523,8 @@ COMMANDS: list[Command] = [
     ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
     ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
     ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` runs lm-evaluation-harness tasks"),
+    ("data", _add_data, cmd_data, "prepare corpora into token shards (`data prepare`) and check them (`data verify`)"),
+    ("probe", _add_probe, cmd_probe, "dissect positional information: `probe run` (repeated-block perturbation), `probe weights`"),
 ]
 
 
@@ -319,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ropelab: error: {exc}", file=sys.stderr)
         return 2
+    except TrainingDiverged as exc:
+        print(f"ropelab: training stopped: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         out = getattr(args, "out", None)
         hint = f"; resume with: ropelab {args.command} --out {out} --resume" if out else ""

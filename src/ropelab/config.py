@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -176,6 +177,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         name="pythia-1b-released", vocab_size=50_304, n_layer=16, d_model=2048, n_head=8, d_ff=8192,
         max_seq_len=8192, rope=RopeConfig(fraction=0.25),
     ),
+    # The distillation seed's student, MobileLLM-Pro 1B as publicly summarised: 30 layers, d_model
+    # 1280, 20 query / 4 KV heads of 64, Llama-4 vocabulary (202,048), tied. d_ff 6144 is our
+    # assumption: with it the model has the reported ~1.08B parameters.
+    "mobilellm-pro-1b": _llama("mobilellm-pro-1b", 30, 1280, 20, 4, 6144, 202_048, True, 10_000.0, max_seq_len=131_072),
 }
 
 
@@ -184,19 +189,35 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 
 @dataclass
 class DataConfig:
-    """Where tokens come from and how they are packed into windows."""
+    """Where tokens come from and how they are packed into windows.
+
+    `corpus`: ``stdlib`` (the built-in corpus, tokenized on first use) or a folder written by
+    ``ropelab data prepare`` (its own validation split; `val_percent` applies to stdlib only).
+    `pack`: ``cross`` cuts the token stream every `seq_len` tokens, documents running across
+    window edges; ``whole`` keeps documents whole, padding the rest of a window (no loss on
+    padding) and cutting documents longer than `seq_len` into pieces.
+    `mask_boundary_labels`: no loss on a document's last token, whose target is the next
+    document's first. `positions`: ``running`` over the window, or ``restart`` at each document.
+    `verify` (prepared folders): ``once`` hashes the shards on first use on this machine,
+    ``always`` at every start, ``sizes`` only checks file sizes.
+    """
 
     corpus: str = "stdlib"  # "stdlib", or a prepared shard folder
     tokenizer: str = "bytes"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
     seq_len: int = 256
     positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document
     val_percent: float = 2.0  # share of stdlib files held out for validation (stable hash of the path)
+    pack: Literal["cross", "whole"] = "cross"
+    mask_boundary_labels: bool = False
+    verify: Literal["once", "always", "sizes"] = "once"
 
     def validate(self) -> None:
         if self.seq_len <= 0:
             raise ConfigError(f"data.seq_len={self.seq_len}: must be > 0")
         if not (0 < self.val_percent < 50):
             raise ConfigError(f"data.val_percent={self.val_percent}: must be in (0, 50)")
+        if not self.corpus:
+            raise ConfigError("data.corpus: empty; use 'stdlib' or a folder written by `ropelab data prepare`")
 
 
 # ------------------------------------------------------------------------ attention
@@ -204,11 +225,46 @@ class DataConfig:
 
 @dataclass
 class AttentionConfig:
-    backend: Literal["auto", "sdpa", "dense", "varlen"] = "auto"
-    doc_mask: bool = False  # forbid attention across documents in a packed window
+    """`doc_mask`: forbid attention across documents in a packed window. `backend`: ``auto``
+    (no mask: sdpa; with one: flex on CUDA, varlen elsewhere), ``sdpa`` (never masks), ``dense``
+    (boolean T x T mask, the reference), ``varlen`` (cost follows the squared document lengths)
+    or ``flex`` (FlexAttention block mask)."""
+
+    backend: Literal["auto", "sdpa", "dense", "varlen", "flex"] = "auto"
+    doc_mask: bool = False
 
 
 # ------------------------------------------------------------------------- training
+
+
+@dataclass
+class PhaseConfig:
+    """One stage of a multi-phase run (e.g. the distillation seed's short-context phase, then the
+    long-context one). `overrides` are dotted keys applied to the run's config for this phase:
+    data.*, attention.*, train.* (optimiser and schedule; the LR schedule restarts at each phase),
+    model.rope.theta and model.max_seq_len. Weights and optimizer state carry over."""
+
+    name: str = ""
+    steps: Optional[int] = None
+    tokens: Optional[int] = None  # alternative to steps: rounded up to whole optimizer steps
+    overrides: dict = field(default_factory=dict)
+
+    FIXED_KEYS = ("seed", "train.steps", "train.phases", "train.parallel", "train.device", "train.data_parallel",
+                  "data.tokenizer", "distill.teacher")
+    MODEL_KEYS = ("model.rope.theta", "model.max_seq_len")
+
+    def validate(self, key: str) -> None:
+        if (self.steps is None) == (self.tokens is None):
+            raise ConfigError(f"{key}: give exactly one of steps or tokens")
+        count = self.steps if self.steps is not None else self.tokens
+        if count <= 0:
+            raise ConfigError(f"{key}.{'steps' if self.steps is not None else 'tokens'}={count}: must be > 0")
+        for name in self.overrides:
+            if name in self.FIXED_KEYS or (name.startswith("model.") and name not in self.MODEL_KEYS):
+                raise ConfigError(
+                    f"{key}.overrides.{name}: fixed for the whole run; a phase may change data.*, attention.*, "
+                    f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)}"
+                )
 
 
 @dataclass
@@ -217,7 +273,7 @@ class TrainConfig:
     GPT-NeoX configs (AdamW 0.9/0.95, eps 1e-8, wd 0.1, lr 4e-4, 5% warm-up, cosine to 10%,
     clip 1.0); the step count and batch are a CPU-sized default."""
 
-    steps: int = 200
+    steps: int = 200  # with phases: the sum of the phases' steps (set by the trainer)
     micro_batch: int = 16
     grad_accum: int = 1
     lr: float = 4e-4
@@ -238,12 +294,24 @@ class TrainConfig:
     log_every: int = 1
     compile: bool = False
     progress: bool = True
-    data_parallel: int = 1  # planned data-parallel ranks: global batch = micro_batch * grad_accum * data_parallel
+    tensorboard: bool = True  # event files in <run>/tensorboard when the tensorboard package is installed
+    # Data-parallel ranks the run is planned for (None: the launched world size). The global
+    # batch is micro_batch * grad_accum * data_parallel.
+    data_parallel: Optional[int] = None
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # fsdp: FSDP2 fully_shard (weights, grads, optimizer sharded)
+    max_bad_steps: int = 5  # consecutive skipped (non-finite or spiking) steps before the run stops
+    spike_factor: Optional[float] = None  # skip a step whose loss exceeds this x the median of recent steps
+    spike_window: int = 50
+    z_loss: float = 0.0  # PaLM's auxiliary loss z * logsumexp(logits)^2 (keeps logits from drifting)
+    phases: list[PhaseConfig] = field(default_factory=list)
 
     def validate(self) -> None:
-        for key in ("steps", "micro_batch", "grad_accum", "data_parallel", "eval_every", "eval_batches", "checkpoint_every", "log_every"):
+        for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
+                    "log_every", "max_bad_steps", "spike_window"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
+        if self.data_parallel is not None and self.data_parallel <= 0:
+            raise ConfigError(f"train.data_parallel={self.data_parallel}: must be > 0 (or omitted: the launched world size)")
         if self.lr <= 0:
             raise ConfigError(f"train.lr={self.lr}: must be > 0")
         if not (0 <= self.min_lr_ratio <= 1):
@@ -252,10 +320,58 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1)")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints}: must be >= 1")
+        if self.spike_factor is not None and self.spike_factor <= 1:
+            raise ConfigError(f"train.spike_factor={self.spike_factor}: must be > 1 (or omitted)")
+        if self.z_loss < 0:
+            raise ConfigError(f"train.z_loss={self.z_loss}: must be >= 0")
+        names = [p.name for p in self.phases]
+        for i, phase in enumerate(self.phases):
+            phase.validate(f"train.phases[{i}]")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"train.phases: names must be distinct, got {names}")
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.data_parallel
+        return self.micro_batch * self.grad_accum * (self.data_parallel or 1)
+
+
+# --------------------------------------------------------------------------- distill
+
+
+@dataclass
+class DistillConfig:
+    """Logit knowledge distillation from a frozen teacher (the "Short Data, Long Context" seed's
+    setup: forward KL on the teacher's logits in place of, or mixed with, cross-entropy).
+
+    loss = alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE, per non-ignored token;
+    alpha = 1 is pure KD as in the seed. `top_k` keeps the teacher's k most likely ids plus one
+    "rest" bucket (see `ropelab.distill.loss`). `teacher` is a Hugging Face causal LM (hub name or
+    local folder) or a ropelab run / checkpoint folder; `logits_cache` is a folder written by
+    `ropelab distill --cache` (offline KD: the teacher is not loaded). The teacher must share the
+    student's tokenizer. Positions without a label (-100: padding, and document boundaries with
+    `data.mask_boundary_labels`) count in neither KD nor CE."""
+
+    teacher: str = ""
+    temperature: float = 1.0
+    alpha: float = 1.0  # weight of KD; 1 - alpha weighs cross-entropy
+    top_k: Optional[int] = None  # None: the full vocabulary
+    chunk_tokens: int = 4096  # tokens per chunk of the loss: it holds about six fp32 (chunk x vocab) tensors
+    teacher_device: str = "auto"  # auto: the student's device
+    teacher_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    logits_cache: Optional[str] = None
+
+    def validate(self) -> None:
+        if not self.teacher and not self.logits_cache:
+            raise ConfigError("distill.teacher: required (a Hugging Face model name or folder, or a ropelab run), "
+                              "or set distill.logits_cache")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"distill.temperature={self.temperature}: must be a finite number > 0")
+        if not (0.0 <= self.alpha <= 1.0):
+            raise ConfigError(f"distill.alpha={self.alpha}: must be in [0, 1] (1 = pure KD, 0 = pure cross-entropy)")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"distill.top_k={self.top_k}: must be >= 1 (or omitted for the full vocabulary)")
+        if self.chunk_tokens <= 0:
+            raise ConfigError(f"distill.chunk_tokens={self.chunk_tokens}: must be > 0")
 
 
 # ------------------------------------------------------------------------------ run
@@ -268,11 +384,14 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: Optional[DistillConfig] = None  # set: train by knowledge distillation
 
     def validate(self) -> "RunConfig":
         self.model.validate()
         self.data.validate()
         self.train.validate()
+        if self.distill is not None:
+            self.distill.validate()
         if self.data.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len}"
@@ -341,6 +460,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is list or tp is list:
         if not isinstance(value, list):
             raise ConfigError(f"{key}={value!r}: must be a list")
+        if args and dataclasses.is_dataclass(args[0]):
+            return [_coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
         return value
     return value
 
@@ -371,9 +492,22 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def set_dotted(tree: dict, key: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested dict; ``name[i]`` addresses item i of a list (e.g.
+    ``train.phases[1].overrides.model.rope.theta``, with the rest taken as one dotted key)."""
     parts = key.split(".")
     node = tree
     for i, part in enumerate(parts[:-1]):
+        match = re.fullmatch(r"(\w+)\[(\d+)\]", part)
+        if match:
+            items = node.get(match.group(1))
+            index = int(match.group(2))
+            if not isinstance(items, list) or index >= len(items) or not isinstance(items[index], dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: no such list item, cannot set {key}")
+            node = items[index]
+            if parts[i + 1] == "overrides":  # phase overrides hold dotted keys as they are
+                node.setdefault("overrides", {})[".".join(parts[i + 2 :])] = value
+                return
+            continue
         child = node.get(part)
         if not isinstance(child, dict):
             if part in node and child is not None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ropelab.attention import attend
+from ropelab.attention import Documents, attend
 from ropelab.config import ModelConfig
 from ropelab.rope import RotaryEmbedding
 
@@ -142,6 +142,8 @@ class Transformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=idx.device).expand(B, T)
         x = self.embed(idx)  # (B, T, C)
+        if doc_ids is not None:  # boundaries derived once, shared by every layer
+            doc_ids = Documents(doc_ids)
         for block in self.blocks:
             x = block(x, position_ids, doc_ids)
         return self.final_norm(x)
@@ -152,9 +154,17 @@ class Transformer(nn.Module):
         targets: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.Tensor] = None,
         doc_ids: Optional[torch.Tensor] = None,
+        return_hidden: bool = False,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Returns logits (B, T, V) and, given targets (B, T; -100 ignored), the mean cross-entropy."""
-        logits = self.lm_head(self.hidden_states(idx, position_ids, doc_ids))  # (B, T, V)
+        """Returns logits (B, T, V) and, given targets (B, T; -100 ignored), the mean cross-entropy.
+
+        `return_hidden`: return the final-norm hidden states (B, T, C) instead of logits, for losses
+        that apply `lm_head` chunk by chunk; going through `forward` (not `hidden_states`) keeps
+        DDP's and FSDP's forward hooks in play."""
+        hidden = self.hidden_states(idx, position_ids, doc_ids)  # (B, T, C)
+        if return_hidden:
+            return hidden, None
+        logits = self.lm_head(hidden)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)

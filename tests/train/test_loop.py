@@ -22,7 +22,8 @@ def test_loss_falls_and_outputs_exist(tmp_path, tiny_overrides):
     result = train(build_run_config(overrides=tiny_overrides + ["train.steps=30", "train.eval_every=10"]), tmp_path / "run")
     rows = read_metrics(tmp_path / "run")
     assert rows[0]["loss"] > rows[-1]["loss"] + 0.5
-    assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "mfu"} <= set(rows[0])
+    assert 0 < rows[-1]["mfu"] < 1 and rows[-1]["tokens_per_s_per_device"] > 0
     assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 30]
     assert (tmp_path / "run" / "config.yaml").is_file() and result.final_val_loss < rows[0]["loss"]
     assert (ckpt.latest_checkpoint(tmp_path / "run") / "model.safetensors").is_file()

@@ -9,7 +9,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from ropelab.config import build_run_config
 from ropelab.errors import TrainingDiverged
 from ropelab.train import checkpoint as ckpt
-from ropelab.train.loop import cross_entropy_objective, train
+from ropelab.distill.objective import cross_entropy_objective
+from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
 
 
@@ -17,7 +18,7 @@ class Faulty:
     """Cross-entropy, except that chosen steps (1-based) get a NaN loss, an Inf gradient or a spike."""
 
     def __init__(self, config, nan_steps=(), inf_grad_steps=(), spike_steps=()):
-        self.ce = cross_entropy_objective(config)
+        self.ce = cross_entropy_objective(z_loss=config.train.z_loss)
         self.nan, self.inf, self.spike = set(nan_steps), set(inf_grad_steps), set(spike_steps)
         self.calls = 0
 

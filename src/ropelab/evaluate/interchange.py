@@ -97,9 +97,23 @@ def load_model(path: str | Path) -> tuple[Transformer, RunConfig]:
         raise ConfigError(f"{folder}: no model.safetensors")
     if config.model.vocab_size is None:  # config.yaml written before the vocabulary was known
         config.model.vocab_size = _vocab_from_weights(weights)
+    config = _config_at(config, folder)
     model = Transformer(config.model)
     ckpt.load_model_state(model, weights)
     return model.eval(), config
+
+
+def _config_at(config: RunConfig, folder: Path) -> RunConfig:
+    """A multi-phase run's config as the trainer held it at the checkpoint's step: that phase's
+    overrides (e.g. RoPE theta 10k after the short phase, 500k after the long one)."""
+    from ropelab.train.phases import phase_at, resolve_phases
+
+    match = _STEP.fullmatch(folder.name)
+    if not config.train.phases or match is None:
+        return config
+    phase = phase_at(resolve_phases(config), max(int(match[1]) - 1, 0)).config
+    phase.model.vocab_size = config.model.vocab_size
+    return phase
 
 
 # ------------------------------------------------------------------ output folders

@@ -14,6 +14,10 @@ A study YAML looks like::
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
+
+A string value ``"@<run id>"`` refers to another run of the same study (e.g. a distillation
+student's ``distill.teacher: "@teacher"``): the runner trains that run first and passes its
+run directory in place of the reference.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
+from ropelab.train.phases import resolve_phases
 
 
 @dataclass
@@ -88,10 +93,53 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
                 set_dotted(tree, key, value)
             try:
                 config = build_run_config(tree)
+                resolve_phases(config)  # phase overrides are checked now, not when the run starts
             except ConfigError as exc:
                 raise ConfigError(f"run {run_id}: {exc}") from None
             runs.append(PlannedRun(run_id, overrides, config))
+    check_references(runs)
     return runs
+
+
+def references(config: RunConfig) -> list[tuple[str, str]]:
+    """(dotted key, run id) for every ``"@<run id>"`` value in a run's config."""
+    found = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{prefix}[{i}]")
+        elif isinstance(node, str) and node.startswith("@"):
+            found.append((prefix, node[1:]))
+
+    walk(config.to_dict(), "")
+    return found
+
+
+def resolve_references(config: RunConfig, run_dirs: dict[str, str]) -> dict:
+    """The run's config as a dict, each ``"@<run id>"`` replaced by that run's directory."""
+
+    def sub(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: sub(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [sub(value) for value in node]
+        if isinstance(node, str) and node.startswith("@") and node[1:] in run_dirs:
+            return run_dirs[node[1:]]
+        return node
+
+    return sub(config.to_dict())
+
+
+def check_references(runs: list[PlannedRun]) -> None:
+    ids = {r.id for r in runs}
+    for run in runs:
+        for key, target in references(run.config):
+            if target not in ids or target == run.id:
+                raise ConfigError(f"run {run.id}: {key}='@{target}' must name another run of the study ({', '.join(sorted(ids))})")
 
 
 def default_study() -> StudyConfig:

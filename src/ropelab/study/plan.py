@@ -12,6 +12,7 @@ from __future__ import annotations
 from ropelab.config import RunConfig
 from ropelab.model import Transformer
 from ropelab.study.grid import PlannedRun
+from ropelab.train.phases import resolve_phases
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s, NVIDIA H100 SXM datasheet (H200 has the same compute)
 
@@ -26,14 +27,17 @@ def run_plan(run: PlannedRun, mfu: float = 0.4, peak_flops: float = H100_BF16_PE
     with torch.device("meta"):
         model = Transformer(model_config)
     params = model.num_params()
-    tc = config.train
-    seq = config.data.seq_len
-    tokens = tc.steps * tc.global_batch * seq
-    flops = model.flops_per_token(seq) * tokens
-    activations = seq * tc.micro_batch * model_config.d_model * 34 * model_config.n_layer
+    phases = resolve_phases(config, config.train.data_parallel or 1)
+    tokens = flops = activations = 0
+    for phase in phases:  # phases may differ in length and batch
+        tc, seq = phase.config.train, phase.config.data.seq_len
+        phase_tokens = phase.steps * tc.global_batch * seq
+        tokens += phase_tokens
+        flops += model.flops_per_token(seq) * phase_tokens
+        activations = max(activations, seq * tc.micro_batch * model_config.d_model * 34 * model_config.n_layer)
     return {
         "run": run.id,
-        "steps": tc.steps,
+        "steps": phases[-1].end,
         "tokens": tokens,
         "params": params,
         "flops": flops,

@@ -4,7 +4,8 @@ Each run is a separate ``python -m ropelab train`` process (a crash stays in its
 ``jobs`` at once, with the CPU threads split between them. Finished runs (``result.json``)
 are skipped, unfinished ones resume from their last checkpoint, failed ones get
 ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
-a directory holding another grid is refused.
+a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
+student's teacher) waits until that run is done, and is skipped if it failed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Optional
 import yaml
 
 from ropelab.config import ConfigError
-from ropelab.study.grid import PlannedRun, StudyConfig, expand
+from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.metrics import read_metrics
+from ropelab.train.phases import resolve_phases
 
 
 @dataclass
@@ -67,9 +69,11 @@ def _command(state: RunState, directory: Path) -> list[str]:
     # never started, or died before its first checkpoint: start it afresh
     for name in ("config.yaml", "metrics.jsonl", "error.txt"):
         (directory / name).unlink(missing_ok=True)
-    plan = directory.parent.parent / "plan" / f"{state.run.id}.yaml"
+    study_dir = directory.parent.parent
+    plan = study_dir / "plan" / f"{state.run.id}.yaml"
     plan.parent.mkdir(parents=True, exist_ok=True)
-    plan.write_text(state.run.config.to_yaml())
+    targets = {target: str(run_dir(study_dir, target)) for _, target in references(state.run.config)}
+    plan.write_text(yaml.safe_dump(resolve_references(state.run.config, targets), sort_keys=False))
     return base + ["--config", str(plan)]
 
 
@@ -99,12 +103,12 @@ def _overview(states: list[RunState], study_dir: Path):
     table = Table(title=f"study {study_dir}")
     for col in ("run", "status", "step", "loss", "val loss"):
         table.add_column(col)
-    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim"}
+    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim", "skipped": "red"}
     for s in states:
         rows = read_metrics(run_dir(study_dir, s.run.id))
         last = rows[-1] if rows else {}
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
-        table.add_row(s.run.id, f"[{style[s.status]}]{s.status}", f"{last.get('step', 0)}/{s.run.config.train.steps}",
+        table.add_row(s.run.id, f"[{style[s.status]}]{s.status}", f"{last.get('step', 0)}/{resolve_phases(s.run.config)[-1].end}",
                       f"{last['loss']:.3f}" if last else "", f"{vals[-1]:.3f}" if vals else "")
     return table
 
@@ -128,10 +132,14 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
                 if s.status == "running" and s.process.poll() is not None:
                     _finish(s, run_dir(study_dir, s.run.id))
             running = sum(s.status == "running" for s in states)
+            status = {s.run.id: s.status for s in states}
             for s in states:
                 if running >= jobs:
                     break
-                if s.status == "queued":
+                needs = [status[target] for _, target in references(s.run.config)]
+                if s.status == "queued" and any(n in ("failed", "skipped") for n in needs):
+                    s.status = "skipped"
+                elif s.status == "queued" and all(n == "done" for n in needs):
                     _start(s, run_dir(study_dir, s.run.id), threads)
                     running += 1
             if display is not None:

@@ -117,7 +117,9 @@ def wrap_model(model: nn.Module, mode: str, env: DistEnv, device: torch.device, 
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
+    """The model inside torch.compile's and DDP's wrappers (FSDP2 shards the model in place)."""
+    model = getattr(model, "_orig_mod", model)
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from ropelab.config import ConfigError, RunConfig, build_run_config
 from ropelab.data.loader import Batch, PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
+from ropelab.distill.objective import build_objective
 from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer, model_summary
 from ropelab.train import checkpoint as ckpt
@@ -37,6 +38,7 @@ from ropelab.train.distributed import (
 from ropelab.train.metrics import MetricsLog, read_metrics
 from ropelab.train.optim import build_optimizer, lr_at, set_lr
 from ropelab.train.phases import Phase, phase_at, resolve_phases
+from ropelab.train.throughput import Throughput
 
 Callback = Callable[[dict], None]
 # objective(model, batch) -> (loss to backpropagate, floats to log); the model is the wrapped one
@@ -70,21 +72,6 @@ def autocast(config: RunConfig, device: torch.device):
     if uses_bf16(config, device):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def cross_entropy_objective(config: RunConfig) -> Objective:
-    """Next-token cross-entropy, plus PaLM's z-loss when `train.z_loss` > 0."""
-    use_doc_ids, z_weight = config.attention.doc_mask, config.train.z_loss
-
-    def objective(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict]:
-        logits, loss = model(batch.input_ids, batch.labels, batch.position_ids, batch.doc_ids if use_doc_ids else None)
-        if not z_weight:
-            return loss, {}
-        valid = batch.labels != -100
-        z = torch.logsumexp(logits.float(), dim=-1)[valid].pow(2).mean()
-        return loss + z_weight * z, {"ce": loss.item(), "z_loss": z.item()}
-
-    return objective
 
 
 @torch.no_grad()
@@ -123,7 +110,10 @@ def _progress(enabled: bool):
 
 def _check_resume_world(state: dict, phases: list[Phase], env: DistEnv, path: Path) -> None:
     """Resuming on another world size is allowed only if every step keeps its global batch (DCP
-    reshards weights and optimizer; each step then sees the same samples, split differently)."""
+    reshards weights and optimizer; each step then sees the same samples, split differently), or
+    at a phase boundary: the next phase counts its data from its own start."""
+    if any(state["step"] == phase.start for phase in phases):
+        return
     saved_batch = state.get("global_batch")
     batch = phase_at(phases, state["step"]).config.train.global_batch
     if saved_batch is not None and saved_batch != batch:
@@ -246,12 +236,24 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         start_step = state["step"]
     forward = torch.compile(wrapped) if tc.compile else wrapped
     objectives: dict[int, Objective] = {}
+    throughputs: dict[int, Throughput] = {}
+
+    def throughput_for(phase: Phase) -> Throughput:
+        """Per-device tokens/s and MFU over recent steps (phases differ in length and batch)."""
+        if phase.index not in throughputs:
+            pc = phase.config
+            dtype = torch.bfloat16 if uses_bf16(pc, device) else torch.float32
+            per_device = pc.train.global_batch * pc.data.seq_len // env.world
+            throughputs[phase.index] = Throughput(model, pc.data.seq_len, per_device, device, dtype)
+        return throughputs[phase.index]
 
     def objective_for(phase: Phase) -> Objective:
+        """Cross-entropy, or KD when the run has a `distill` section (one teacher for all phases)."""
         if objective is not None:
             return objective
         if phase.index not in objectives:
-            objectives[phase.index] = cross_entropy_objective(phase.config)
+            teacher = next((o.source for o in objectives.values()), None)
+            objectives[phase.index] = build_objective(phase.config, device, source=teacher)
         return objectives[phase.index]
 
     metrics = MetricsLog(run_dir, resume_step=start_step, tensorboard=tc.tensorboard) if env.is_main else None
@@ -309,8 +311,11 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 step += 1
                 dt = time.perf_counter() - t0
                 compute_time += dt
+                speed = throughput_for(phase).update(dt)
                 row = {"step": step, "tokens": _tokens_seen(phases, step), "loss": last_loss, "lr": lr,
                        "grad_norm": grad_norm, "tokens_per_s": tokens_per_step / dt,
+                       "tokens_per_s_per_device": speed["tokens_per_s"],
+                       **({"mfu": speed["mfu"]} if speed["mfu"] is not None else {}),
                        **{k: env.mean(v, device) for k, v in extras.items()}}
                 if len(phases) > 1:
                     row["phase"] = phase.name
@@ -334,7 +339,9 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 if step % ptc.checkpoint_every == 0 or step == phase.end:
                     save(step, phase)
                 val_text = f" val {last_val:.3f}" if last_val == last_val else ""
-                progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}{val_text} {row['tokens_per_s']:,.0f} tok/s")
+                mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
+                progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}"
+                                f"{val_text} {row['tokens_per_s']:,.0f} tok/s{mfu_text}")
     except KeyboardInterrupt:
         if step > start_step and ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
             save(step, phase)

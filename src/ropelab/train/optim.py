@@ -10,15 +10,26 @@ from torch import nn
 from ropelab.config import TrainConfig
 
 
+def fused_supported(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW (one kernel over all parameters per step) takes these parameters:
+    plain (not DTensor/FSDP-sharded) tensors on CPU or CUDA. On CPU it is several times faster than
+    the default per-parameter loop (BENCHMARKS.md)."""
+    return bool(params) and all(
+        type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
+    )
+
+
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on parameters with 2+ dimensions (matrices, embeddings); none on norms and biases."""
+    """Weight decay on parameters with 2+ dimensions (matrices, embeddings); none on norms and biases.
+    Fused AdamW where `fused_supported`, else torch's default implementation."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+    fused = fused_supported(decay + no_decay) or None
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused)
 
 
 def lr_at(step: int, config: TrainConfig, total_steps: int | None = None) -> float:

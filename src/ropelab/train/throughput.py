@@ -56,26 +56,35 @@ def gpu_spec(name: str) -> Optional[GpuSpec]:
     return next((spec for spec in GPU_SPECS if re.search(spec.pattern, name)), None)
 
 
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 @functools.cache
-def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None, size: int = 1024) -> float:
-    """FLOP/s of the fastest of a few (size x size) @ (size x size) products in `dtype` on `threads`
-    (default: torch's); measured once per process and arguments."""
+def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None) -> float:
+    """FLOP/s of the fastest of a few square matrix products in `dtype` on `threads` (default: torch's),
+    measured once per process and arguments. The size doubles from 128 until one product takes
+    10 ms (or reaches 2048), so a slow dtype is not timed on matrices that would take seconds."""
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         generator = torch.Generator().manual_seed(0)
-        a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
-        torch.mm(a, b)  # warm-up: allocations, thread pool, kernel choice
-        best, spent, reps = float("inf"), 0.0, 0
-        while reps < 3 or (spent < 0.5 and reps < 20):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            elapsed = time.perf_counter() - start
-            best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
+        size = 64
+        while True:
+            size *= 2
+            a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
+            torch.mm(a, b)  # warm-up: allocations, thread pool, kernel choice
+            if min(_seconds(lambda: torch.mm(a, b)) for _ in range(2)) > 0.01 or size >= 2048:
+                break
+        times = [_seconds(lambda: torch.mm(a, b)) for _ in range(3)]
+        while sum(times) < 0.3 and len(times) < 20:
+            times.append(_seconds(lambda: torch.mm(a, b)))
     finally:
         torch.set_num_threads(previous)
-    return 2 * size**3 / best
+    return 2 * size**3 / min(times)
 
 
 def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> tuple[Optional[float], str]:

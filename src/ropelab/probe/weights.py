@@ -1,0 +1,107 @@
+"""How W_q and W_k changed between two checkpoints, per layer, head and rotary frequency pair.
+
+Row ``h * head_dim + c`` of a query (key) projection writes channel c of head h, so the rows
+of a head split into its frequency pairs (two rows each, paired as the layer's layout says,
+see `ropelab.probe.channels`) and its unrotated channels. For every such span the change is
+``||W_B[rows] - W_A[rows]||_F / ||W_A[rows]||_F``: relative to the first checkpoint's own
+norm of the same rows. Aggregates (per head, per pair over all heads, per layer) are the same
+ratio over the union of their rows. Biases are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ropelab.config import ConfigError
+from ropelab.model import Transformer
+from ropelab.probe.channels import LayerRope, layer_rope, pair_channels
+
+PROJECTIONS = {"q": "q_proj", "k": "k_proj"}
+
+
+def _ratio(delta_sq: torch.Tensor, base_sq: torch.Tensor) -> torch.Tensor:
+    """sqrt(delta_sq / base_sq) elementwise; NaN where the base is zero."""
+    return torch.where(base_sq > 0, (delta_sq / base_sq.clamp_min(1e-300)).sqrt(), torch.full_like(base_sq, math.nan))
+
+
+def _listed(x: torch.Tensor) -> list:
+    return [None if v != v else v for v in x.tolist()] if x.dim() == 1 else [_listed(row) for row in x]
+
+
+def projection_changes(w_a: torch.Tensor, w_b: torch.Tensor, heads: int, rope: LayerRope) -> dict:
+    """Relative change of one projection (heads * head_dim, d_model), per head, pair and span."""
+    base = w_a.double().reshape(heads, rope.head_dim, -1).pow(2).sum(-1)  # (H, D) squared row norms
+    delta = (w_b.double() - w_a.double()).reshape(heads, rope.head_dim, -1).pow(2).sum(-1)
+    pairs = pair_channels(rope.rotary_dims, rope.layout)  # (P, 2)
+    unrotated = ~rope.rotated_mask
+    base_pair, delta_pair = base[:, pairs].sum(-1), delta[:, pairs].sum(-1)  # (H, P)
+    base_un, delta_un = base[:, unrotated].sum(-1), delta[:, unrotated].sum(-1)  # (H,)
+    has_unrotated = bool(unrotated.any())
+    return {
+        "relative_change": float(_ratio(delta.sum(), base.sum())),
+        "per_head": _listed(_ratio(delta.sum(-1), base.sum(-1))),
+        "per_pair": _listed(_ratio(delta_pair.sum(0), base_pair.sum(0))),
+        "unrotated": float(_ratio(delta_un.sum(), base_un.sum())) if has_unrotated else None,
+        "per_head_pair": _listed(_ratio(delta_pair, base_pair)),
+        "per_head_unrotated": _listed(_ratio(delta_un, base_un)) if has_unrotated else None,
+    }
+
+
+def _check_compatible(a: Transformer, b: Transformer) -> None:
+    ca, cb = a.config, b.config
+    for key in ("n_layer", "d_model", "n_head", "kv_heads", "head_size"):
+        if getattr(ca, key) != getattr(cb, key):
+            raise ConfigError(f"probe weights: the checkpoints differ in {key} ({getattr(ca, key)} vs {getattr(cb, key)}); compare two checkpoints of one model")
+    for layer in range(ca.n_layer):
+        ra, rb = layer_rope(ca, layer), layer_rope(cb, layer)
+        if (ra.rotary_dims, ra.layout) != (rb.rotary_dims, rb.layout):
+            raise ConfigError(
+                f"probe weights: layer {layer} rotates {ra.rotary_dims} channels ({ra.layout}) in the first checkpoint "
+                f"and {rb.rotary_dims} ({rb.layout}) in the second; their frequency pairs do not correspond"
+            )
+
+
+def _span(layer: int, proj: str, head: int, pair: Optional[int], rope: LayerRope, value: float) -> dict:
+    if pair is None:
+        channels = [c for c in range(rope.head_dim) if c >= rope.rotary_dims]
+        span, wavelength = "unrotated", None
+    else:
+        channels = pair_channels(rope.rotary_dims, rope.layout)[pair].tolist()
+        span, wavelength = f"pair {pair}", rope.wavelengths[pair]
+    return {
+        "layer": layer, "proj": proj, "head": head, "span": span, "pair": pair, "channels": channels,
+        "rows": [head * rope.head_dim + c for c in channels], "wavelength_tokens": wavelength,
+        "relative_change": value,
+    }
+
+
+def weight_changes(a: Transformer, b: Transformer, top: int = 10) -> dict:
+    """The change of every layer's W_q and W_k from model `a` to model `b`, the `top` spans
+    (layer, projection, head, frequency pair or unrotated channels) that changed most, and a
+    (layer x pair, plus one unrotated column) heatmap per projection."""
+    _check_compatible(a, b)
+    config = a.config
+    layers, spans = [], []
+    heatmap: dict[str, list] = {proj: [] for proj in PROJECTIONS}
+    for layer in range(config.n_layer):
+        rope, rope_b = layer_rope(config, layer), layer_rope(b.config, layer)
+        entry = {"layer": layer, "rotary_dims": rope.rotary_dims, "layout": rope.layout, "theta_a": rope.theta,
+                 "theta_b": rope_b.theta, "wavelengths_a": list(rope.wavelengths), "wavelengths_b": list(rope_b.wavelengths)}
+        for proj, attr in PROJECTIONS.items():
+            heads = config.n_head if proj == "q" else config.kv_heads
+            w_a = getattr(a.blocks[layer].attn, attr).weight.detach()
+            w_b = getattr(b.blocks[layer].attn, attr).weight.detach()
+            changes = projection_changes(w_a, w_b, heads, rope)
+            entry[proj] = changes
+            heatmap[proj].append(changes["per_pair"] + [changes["unrotated"]])
+            for head in range(heads):
+                for pair, value in enumerate(changes["per_head_pair"][head]):
+                    spans.append(_span(layer, proj, head, pair, rope, value))
+                if changes["per_head_unrotated"] is not None:
+                    spans.append(_span(layer, proj, head, None, rope, changes["per_head_unrotated"][head]))
+        layers.append(entry)
+    ranked = sorted((s for s in spans if s["relative_change"] is not None), key=lambda s: -s["relative_change"])
+    return {"layers": layers, "top_spans": ranked[:top], "heatmap": heatmap}

@@ -1,0 +1,210 @@
+"""kd_loss against direct fp32 computations: values, gradients, chunking, top-k, padding columns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from ropelab.distill.loss import TeacherHidden, TeacherTopK, kd_loss, teacher_topk
+
+TOL = 1e-5
+
+
+def _inputs(seed=0, B=2, T=24, C=16, V=50, Vt=None, Ct=12, ignore=(0, 5, 23)):
+    """Student hidden/head, teacher hidden/head and labels with some ignored positions."""
+    g = torch.Generator().manual_seed(seed)
+    hs = torch.randn(B, T, C, generator=g)
+    W = torch.randn(V, C, generator=g) * 0.5
+    ht = torch.randn(B, T, Ct, generator=g)
+    Wt = torch.randn(Vt or V, Ct, generator=g) * 0.7
+    labels = torch.randint(0, Vt or V, (B, T), generator=g)
+    labels[0, list(ignore)] = -100
+    return hs, W, ht, Wt, labels
+
+
+def _direct(hs, W, labels, zt, T, alpha, top_k=None, z_loss=0.0):
+    """The textbook computation on full (B*T, V) fp32 logits."""
+    keep = labels != -100
+    zs, lab, zt = (hs @ W.T)[keep], labels[keep], zt[keep]
+    ce = F.cross_entropy(zs, lab)
+    logq = F.log_softmax(zs / T, dim=-1)[:, : zt.shape[-1]]
+    if top_k is None:
+        kl = F.kl_div(logq, F.log_softmax(zt / T, dim=-1), log_target=True, reduction="none").sum(-1)
+    else:
+        kl = _topk_by_hand(zs, zt, T, top_k)
+    kd = T * T * kl.mean()
+    z = zs.logsumexp(-1).square().mean()
+    return alpha * kd + (1 - alpha) * ce + z_loss * z, kd, ce
+
+
+def _topk_by_hand(zs, zt, T, k):
+    """KL over the teacher's top-k ids plus one rest bucket, from full softmaxes (float64)."""
+    p, q = F.softmax(zt.double() / T, -1), F.softmax(zs.double() / T, -1)
+    ids = p.topk(k, -1).indices
+    p_k, q_k = p.gather(1, ids), q.gather(1, ids)
+    p_rest, q_rest = 1 - p_k.sum(-1), 1 - q_k.sum(-1)
+    rest = torch.where(p_rest > 0, p_rest * torch.log(p_rest / q_rest), 0.0)
+    return ((p_k * torch.log(p_k / q_k)).sum(-1) + rest).float()
+
+
+@pytest.mark.parametrize("T,alpha,chunk", [(1.0, 1.0, 7), (2.0, 0.5, 16), (0.7, 0.0, 48), (4.0, 0.25, 4096), (1.0, 0.5, 45)])
+def test_full_vocab_matches_direct_values_and_gradients(T, alpha, chunk):
+    hs, W, ht, Wt, labels = _inputs()
+    hs1, W1 = hs.clone().requires_grad_(), W.clone().requires_grad_()
+    out = kd_loss(hs1, W1, labels, TeacherHidden(ht, Wt), T, alpha, None, chunk, z_loss=1e-2)
+    out.loss.backward()
+
+    hs2, W2 = hs.clone().requires_grad_(), W.clone().requires_grad_()
+    loss, kd, ce = _direct(hs2, W2, labels, ht @ Wt.T, T, alpha, z_loss=1e-2)
+    loss.backward()
+    assert out.loss.item() == pytest.approx(loss.item(), rel=TOL, abs=TOL)
+    assert out.kd.item() == pytest.approx(kd.item(), rel=TOL, abs=TOL)
+    assert out.ce.item() == pytest.approx(ce.item(), rel=TOL, abs=TOL)
+    torch.testing.assert_close(hs1.grad, hs2.grad, rtol=TOL, atol=TOL)
+    torch.testing.assert_close(W1.grad, W2.grad, rtol=TOL, atol=TOL)
+    assert hs1.grad[0, 5].abs().max() == 0  # an ignored position gets no gradient
+
+
+@pytest.mark.parametrize("k,chunk", [(1, 5), (3, 16), (10, 4096)])
+def test_top_k_matches_hand_formula_with_gradients(k, chunk):
+    T, alpha = 2.0, 0.75
+    hs, W, ht, Wt, labels = _inputs(seed=1)
+    hs1, W1 = hs.clone().requires_grad_(), W.clone().requires_grad_()
+    out = kd_loss(hs1, W1, labels, TeacherHidden(ht, Wt), T, alpha, k, chunk)
+    out.loss.backward()
+    hs2, W2 = hs.clone().requires_grad_(), W.clone().requires_grad_()
+    loss, kd, _ = _direct(hs2, W2, labels, ht @ Wt.T, T, alpha, top_k=k)
+    loss.backward()
+    assert out.kd.item() == pytest.approx(kd.item(), rel=TOL, abs=TOL)
+    assert out.loss.item() == pytest.approx(loss.item(), rel=TOL, abs=TOL)
+    torch.testing.assert_close(hs1.grad, hs2.grad, rtol=1e-4, atol=TOL)
+    torch.testing.assert_close(W1.grad, W2.grad, rtol=1e-4, atol=TOL)
+
+
+def test_top_k_equal_to_vocab_is_the_full_kl():
+    hs, W, ht, Wt, labels = _inputs(seed=2, V=300)
+    full = kd_loss(hs, W, labels, TeacherHidden(ht, Wt), 1.5, 1.0, None, 19)
+    all_k = kd_loss(hs, W, labels, TeacherHidden(ht, Wt), 1.5, 1.0, 300, 19)
+    assert full.kd.item() > 0.1
+    assert all_k.kd.item() == pytest.approx(full.kd.item(), rel=TOL, abs=TOL)
+
+
+def test_stored_top_k_targets_give_the_live_loss():
+    hs, W, ht, Wt, labels = _inputs(seed=3)
+    live = kd_loss(hs, W, labels, TeacherHidden(ht, Wt), 2.0, 1.0, 4, 9)
+    logp, ids = teacher_topk(ht @ Wt.T, 2.0, 6)  # stored with a larger k, read with k = 4
+    stored = kd_loss(hs, W, labels, TeacherTopK(logp, ids, 2.0), 2.0, 1.0, 4, 9)
+    assert stored.kd.item() == pytest.approx(live.kd.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="temperature"):
+        kd_loss(hs, W, labels, TeacherTopK(logp, ids, 2.0), 1.0)
+
+
+def test_teacher_with_fewer_columns_gives_padding_columns_zero_probability():
+    """Student rows beyond the teacher's vocabulary (padding) stay in the student's softmax."""
+    hs, W, ht, Wt, labels = _inputs(seed=4, V=64, Vt=50)
+    W1, W2 = W.clone().requires_grad_(), W.clone().requires_grad_()
+    out = kd_loss(hs, W1, labels, TeacherHidden(ht, Wt), 1.0, 1.0, None, 10)
+    _, kd, _ = _direct(hs, W2, labels, ht @ Wt.T, 1.0, 1.0)
+    out.loss.backward()
+    kd.backward()
+    assert out.kd.item() == pytest.approx(kd.item(), rel=TOL)
+    torch.testing.assert_close(W1.grad, W2.grad, rtol=TOL, atol=TOL)
+    assert (W1.grad[50:] @ hs.flatten(0, 1).T).sum() > 0  # pushing the padding logits down lowers the loss
+    # The padding columns carry student mass, so the KL is larger than over the first 50 alone.
+    keep = labels != -100
+    zs = (hs @ W.T)[keep]
+    first = F.kl_div(F.log_softmax(zs[:, :50], -1), F.log_softmax((ht @ Wt.T)[keep], -1), log_target=True,
+                     reduction="none").sum(-1).mean()
+    assert out.kd.item() > first.item()
+
+
+@pytest.mark.parametrize("k", [None, 4])
+def test_masked_teacher_ids_have_zero_probability_not_nan(k):
+    """Teacher logits of -inf (ids a teacher masks; fp16 log-probs that underflow) mean p = 0."""
+    hs, W, _, _, labels = _inputs(seed=7, V=20)
+    zt, eye = torch.randn(2, 24, 20, generator=torch.Generator().manual_seed(8)), torch.eye(20)
+    mask = torch.zeros(20)
+    mask[3] = float("-inf")  # a head bias of -inf: the teacher's logit of id 3 is -inf
+    hs1, hs2 = hs.clone().requires_grad_(), hs.clone().requires_grad_()
+    masked = kd_loss(hs1, W, labels, TeacherHidden(zt, eye, mask), 1.0, 1.0, k, 5)
+    finite = kd_loss(hs2, W, labels, TeacherHidden(zt, eye, mask.clamp(min=-1e4)), 1.0, 1.0, k, 5)
+    masked.loss.backward()
+    finite.loss.backward()
+    assert masked.kd.isfinite() and masked.kd.item() == pytest.approx(finite.kd.item(), rel=TOL)
+    torch.testing.assert_close(hs1.grad, hs2.grad, rtol=TOL, atol=TOL)
+    logp, ids = teacher_topk(zt + mask, 1.0, 20)  # stored targets holding -inf
+    assert kd_loss(hs, W, labels, TeacherTopK(logp, ids, 1.0), 1.0, 1.0).kd.isfinite()
+
+
+def test_bf16_autocast_stays_close_to_fp32():
+    """Under autocast the logits matmuls run in bf16; the softmax arithmetic stays fp32."""
+    hs, W, ht, Wt, labels = _inputs(seed=9)
+    W1, W2 = W.clone().requires_grad_(), W.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = kd_loss(hs, W1, labels, TeacherHidden(ht, Wt), 2.0, 0.5, None, 16)
+    full = kd_loss(hs, W2, labels, TeacherHidden(ht, Wt), 2.0, 0.5, None, 16)
+    low.loss.backward()
+    full.loss.backward()
+    assert low.loss.dtype == torch.float32 and W1.grad.dtype == torch.float32
+    assert low.loss.item() == pytest.approx(full.loss.item(), rel=2e-2)
+    assert (W1.grad - W2.grad).norm() <= 0.05 * W2.grad.norm()
+
+
+def test_cross_entropy_only_and_all_ignored():
+    hs, W, _, _, labels = _inputs(seed=5)
+    out = kd_loss(hs, W, labels, None, chunk_tokens=11)
+    keep = labels != -100
+    assert out.loss.item() == pytest.approx(F.cross_entropy((hs @ W.T)[keep], labels[keep]).item(), rel=TOL)
+    assert out.kd.item() == 0
+    none = kd_loss(hs.requires_grad_(), W, torch.full_like(labels, -100))
+    none.loss.backward()
+    assert none.loss.item() == 0 and hs.grad.abs().max() == 0
+
+
+def test_tied_head_module_and_bad_arguments():
+    hs, W, ht, Wt, labels = _inputs(seed=6)
+    head = torch.nn.Linear(16, 50, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(W)
+    out = kd_loss(hs, head, labels, TeacherHidden(ht, Wt), 1.0, 0.5, None, 13)
+    out.loss.backward()
+    hs2, W2 = hs.clone(), W.clone().requires_grad_()
+    _direct(hs2, W2, labels, ht @ Wt.T, 1.0, 0.5)[0].backward()
+    torch.testing.assert_close(head.weight.grad, W2.grad, rtol=TOL, atol=TOL)
+    with pytest.raises(ValueError, match="top_k"):
+        kd_loss(hs, W, labels, TeacherHidden(ht, Wt), top_k=51)
+    with pytest.raises(ValueError, match="temperature"):
+        kd_loss(hs, W, labels, TeacherHidden(ht, Wt), temperature=0.0)
+
+
+def _kd_of_logits(zs, zt, T, k):
+    """kd_loss on given student and teacher logits (n, V): hidden states are the logits, heads the identity."""
+    eye = torch.eye(zs.shape[1])
+    labels = torch.zeros(1, zs.shape[0], dtype=torch.long)
+    return kd_loss(zs[None], eye, labels, TeacherHidden(zt[None], eye), T, 1.0, k, 3).kd.item()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), V=st.integers(2, 40), T=st.floats(0.25, 8.0), k=st.integers(1, 40),
+       scale=st.floats(0.0, 20.0))
+def test_kl_properties(seed, V, T, k, scale):
+    """KL >= 0; KL = 0 for identical logits; merging outcomes: 0 <= KL_k <= KL."""
+    g = torch.Generator().manual_seed(seed)
+    zs, zt = torch.randn(5, V, generator=g) * scale, torch.randn(5, V, generator=g) * scale
+    k = min(k, V)
+    full, sparse = _kd_of_logits(zs, zt, T, None), _kd_of_logits(zs, zt, T, k)
+    assert full >= -1e-6 and sparse >= -1e-5
+    assert sparse <= full + 1e-4 * (1 + full)
+    assert abs(_kd_of_logits(zt, zt, T, None)) <= 1e-5 and abs(_kd_of_logits(zt, zt, T, k)) <= 1e-4
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), T=st.floats(0.5, 4.0), k=st.one_of(st.none(), st.integers(1, 30)))
+def test_student_equal_to_teacher_has_zero_kd(seed, T, k):
+    g = torch.Generator().manual_seed(seed)
+    h, W = torch.randn(1, 9, 8, generator=g), torch.randn(30, 8, generator=g)
+    labels = torch.randint(0, 30, (1, 9), generator=g)
+    out = kd_loss(h, W, labels, TeacherHidden(h, W), T, 1.0, k, 4)
+    assert abs(out.kd.item()) <= 1e-4
