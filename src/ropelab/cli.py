@@ -142,10 +142,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ropelab.study.runner import run_study
 
     statuses = run_study(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    if study.longctx is not None:
+        from ropelab.study.sections import evaluate_study_longctx
+
+        evaluate_study_longctx(args.out, study.longctx, [k for k, v in statuses.items() if v == "done"], not args.no_live)
     from ropelab.study.report import write_report
 
     paths = write_report(args.out)
-    failed = [k for k, v in statuses.items() if v == "failed"]
+    failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
     print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['report.html']}")
     if failed:
         print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")

@@ -11,6 +11,7 @@ A study YAML looks like::
       - {name: 2ch, model.rope.rotary_dims: 2}
     grid:                    # optional: dotted key -> list of values (cartesian product)
       seed: [0, 1]
+    longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
@@ -40,6 +41,7 @@ class StudyConfig:
     variants: list = field(default_factory=list)
     grid: dict = field(default_factory=dict)
     target_loss: float | None = None
+    longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
 
 
 @dataclass
@@ -56,7 +58,7 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {key!r}; allowed: {', '.join(sorted(allowed))}")

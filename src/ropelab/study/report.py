@@ -20,6 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ropelab.study.plots import BAND_CMAPS, plot_final_loss, plot_loss_curves
+from ropelab.study.sections import Section, report_sections
 from ropelab.study.summary import COLUMNS, collect_runs, findings, summarize
 
 __all__ = ["write_report", "render_markdown", "render_html"]
@@ -71,9 +72,9 @@ def _cell(row: dict, key: str) -> str:
     return _fmt(v)
 
 
-def render_markdown(rows: list[dict]) -> str:
+def render_markdown(rows: list[dict], sections: list[Section] = (), title: str = "Partial-RoPE study report") -> str:
     cols = _table_columns(rows)
-    lines = ["# Partial-RoPE study report", ""]
+    lines = [f"# {title}", ""]
     lines += [f"- {s}" for s in findings(rows)]
     lines += ["", "![loss curves](loss_curves.png)", "", "![final loss vs fraction](final_loss.png)", "",
               "| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
@@ -81,6 +82,8 @@ def render_markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(_cell(row, k).replace("|", "\\|") for k, _ in cols) + " |")
     lines += ["", f"Final loss = mean training loss over the last {rows[0]['_study']['tail_fraction']:.0%} of steps"
               if rows else "", ""]
+    for section in sections:
+        lines += [f"## {section.title}", "", section.markdown, ""]
     return "\n".join(lines)
 
 
@@ -90,7 +93,13 @@ def _inline(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def render_html(rows: list[dict], images: dict[str, bytes]) -> str:
+def _figure(name: str, data: bytes) -> str:
+    return (f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+            f"<figcaption>{html.escape(name)}</figcaption></figure>")
+
+
+def render_html(rows: list[dict], images: dict[str, bytes], sections: list[Section] = (),
+                title: str = "Partial-RoPE study report") -> str:
     from matplotlib import colormaps
 
     cols = _table_columns(rows)
@@ -111,17 +120,15 @@ def render_html(rows: list[dict], images: dict[str, bytes]) -> str:
         title = f' title="{html.escape(row["error"])}"' if row["error"] else ""
         body.append(f"<tr{title}>{''.join(cells)}</tr>")
     bullets = "".join(f"<li>{_inline(s)}</li>" for s in findings(rows))
-    figs = "".join(
-        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
-        f"<figcaption>{html.escape(name)}</figcaption></figure>"
-        for name, data in images.items()
-    )
+    figs = "".join(_figure(name, data) for name, data in images.items())
+    extra = "".join(f"<h2>{html.escape(s.title)}</h2>{''.join(_figure(n, d) for n, d in s.images.items())}{s.html}"
+                    for s in sections)
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Partial-RoPE study report</title>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
 body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1400px;
        color: #222; padding: 0 1em; line-height: 1.45; }}
-h1 {{ font-size: 1.5em; }} code {{ background: #f2f2f2; padding: 0 .25em; border-radius: 3px; }}
+h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; }} pre {{ font-size: .8em; }} code {{ background: #f2f2f2; padding: 0 .25em; border-radius: 3px; }}
 figure {{ margin: 1.5em 0; }} figure img {{ max-width: 100%; border: 1px solid #ddd; }}
 figcaption {{ color: #666; font-size: .85em; }}
 table {{ border-collapse: collapse; font-size: .85em; margin-top: 1em; }}
@@ -131,12 +138,13 @@ td:first-child, th:first-child {{ text-align: left; }}
 tr:nth-child(even) td {{ background-color: #fafafa; }}
 td.bad {{ color: #b00; font-weight: 600; }}
 </style></head><body>
-<h1>Partial-RoPE study report</h1>
+<h1>{html.escape(title)}</h1>
 <ul>{bullets}</ul>
 {figs}
 <table><thead><tr>{head}</tr></thead><tbody>
 {chr(10).join(body)}
 </tbody></table>
+{extra}
 </body></html>
 """
 
@@ -154,6 +162,14 @@ def _json_safe(v: Any) -> Any:
     if isinstance(v, np.generic):
         return _json_safe(v.item())
     return v
+
+
+def _study_title(study_dir: Path) -> str:
+    import yaml
+
+    record = study_dir / "study.yaml"
+    name = (yaml.safe_load(record.read_text()) or {}).get("name") if record.is_file() else None
+    return f"Study report: {name}" if name else "Partial-RoPE study report"
 
 
 def write_report(
@@ -182,6 +198,8 @@ def write_report(
     images = {"loss_curves.png": plot_loss_curves(rows, runs), "final_loss.png": plot_final_loss(rows)}
     for name, data in images.items():
         paths[name].write_bytes(data)
-    paths["report.md"].write_text(render_markdown(rows))
-    paths["report.html"].write_text(render_html(rows, images))
+    sections = report_sections(study_dir)
+    title = _study_title(Path(study_dir))
+    paths["report.md"].write_text(render_markdown(rows, sections, title))
+    paths["report.html"].write_text(render_html(rows, images, sections, title))
     return paths

@@ -1,0 +1,84 @@
+"""Optional sections of a study report, present when the runs call for them:
+
+  * phases        validation loss after each phase of multi-phase runs (from result.json);
+  * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
+                  `evaluate_study_longctx` when the study YAML has a ``longctx`` key).
+Each section is markdown for report.md plus HTML and images for report.html.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LONGCTX_DIR = "longctx"
+
+
+@dataclass
+class Section:
+    title: str
+    markdown: str
+    html: str
+    images: dict[str, bytes] = field(default_factory=dict)
+
+
+def _results(study_dir: Path) -> dict[str, dict]:
+    out = {}
+    for run in sorted((study_dir / "runs").glob("*")):
+        path = run / "result.json"
+        if path.is_file():
+            out[run.name] = json.loads(path.read_text())
+    return out
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def phase_section(study_dir: Path) -> Section | None:
+    """Validation loss at the end of every phase, one row per multi-phase run."""
+    results = {run: r for run, r in _results(study_dir).items() if r.get("phases")}
+    if not results:
+        return None
+    names = list(dict.fromkeys(p["name"] for r in results.values() for p in r["phases"]))
+    header = ["run", *(f"val loss after {n}" for n in names)]
+    rows = []
+    for run, result in results.items():
+        by_name = {p["name"]: p["val_loss"] for p in result["phases"]}
+        rows.append([run, *(f"{by_name[n]:.4f}" if by_name.get(n) is not None else "—" for n in names)])
+    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                         + ["| " + " | ".join(row) + " |" for row in rows])
+    return Section("Validation loss after each phase", markdown, _html_table(header, rows))
+
+
+def longctx_section(study_dir: Path) -> Section | None:
+    folder = study_dir / LONGCTX_DIR
+    if not (folder / "longctx.md").is_file():
+        return None
+    text = (folder / "longctx.md").read_text()
+    images = {f"{LONGCTX_DIR}/{name}": (folder / name).read_bytes()
+              for name in ("longctx_heatmap.png", "loss_by_position.png") if (folder / name).is_file()}
+    body = text.split("\n", 1)[1] if text.startswith("# ") else text  # the report gives the title
+    figures = "\n\n".join(f"![{name}]({name})" for name in images)
+    return Section("Long-context evaluation", f"{figures}\n\n{body}", f"<pre>{html.escape(body)}</pre>", images)
+
+
+def report_sections(study_dir: str | Path) -> list[Section]:
+    study_dir = Path(study_dir)
+    return [s for s in (phase_section(study_dir), longctx_section(study_dir)) if s is not None]
+
+
+def evaluate_study_longctx(study_dir: str | Path, options: dict, run_ids: list[str], progress: bool = True) -> dict | None:
+    """Long-context evaluation of the study's finished runs into ``study_dir/longctx`` (once: an
+    existing evaluation is kept; rerun `ropelab eval longctx` into another folder to redo it)."""
+    from ropelab.evaluate.longctx import evaluate_longctx
+
+    study_dir = Path(study_dir)
+    out = study_dir / LONGCTX_DIR
+    if (out / "longctx.json").is_file() or not run_ids:
+        return None
+    return evaluate_longctx([study_dir / "runs" / r for r in run_ids], out, progress=progress, **options)

@@ -1,0 +1,62 @@
+"""Study runs that refer to each other, and the optional report sections (phases, long context)."""
+
+import json
+
+import pytest
+
+from ropelab.config import ConfigError
+from ropelab.study.grid import StudyConfig, expand, references, resolve_references
+from ropelab.study.report import write_report
+from ropelab.study.sections import longctx_section, phase_section
+
+PHASED = {"preset": "tiny-llama", "train": {"phases": [{"name": "short", "steps": 3}, {"name": "long", "steps": 2}]}}
+
+
+def test_run_references_resolve_to_run_directories():
+    study = StudyConfig(base=PHASED, variants=[{"name": "teacher", "train.phases": [], "train.steps": 5},
+                                               {"name": "student", "distill": {"teacher": "@teacher"}},
+                                               {"name": "student-long", "distill": {"teacher": "@teacher"},
+                                                "train.phases[1].overrides.model.rope.theta": 500000}])
+    runs = {r.id: r for r in expand(study)}
+    assert references(runs["student"].config) == [("distill.teacher", "teacher")] and references(runs["teacher"].config) == []
+    resolved = resolve_references(runs["student"].config, {"teacher": "/s/runs/teacher"})
+    assert resolved["distill"]["teacher"] == "/s/runs/teacher"
+    assert runs["student-long"].config.train.phases[1].overrides == {"model.rope.theta": 500000}
+
+
+def test_reference_to_a_missing_run_is_refused():
+    study = StudyConfig(base=PHASED, variants=[{"name": "student", "distill": {"teacher": "@nobody"}}])
+    with pytest.raises(ConfigError, match="'@nobody' must name another run"):
+        expand(study)
+
+
+def test_bad_phase_override_in_a_study_is_refused_before_any_run():
+    study = StudyConfig(base=PHASED, variants=[{"name": "a", "train.phases[1].overrides.data.nope": 1}])
+    with pytest.raises(ConfigError, match=r"run a: train.phases\[1\] \(long\): data.nope: unknown key"):
+        expand(study)
+
+
+def _fake_run(study_dir, run_id, phases):
+    run = study_dir / "runs" / run_id
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    rows = [{"step": s, "tokens": 10 * s, "loss": 3.0 - 0.1 * s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "result.json").write_text(json.dumps({"steps": 5, "final_train_loss": 2.5, "final_val_loss": 2.6, "tokens": 50,
+                                                  "wall_time_s": 1.0, "tokens_per_s": 50.0, "phases": phases}))
+
+
+def test_phase_table_and_long_context_section_reach_the_report(tmp_path):
+    _fake_run(tmp_path, "kd", [{"name": "short", "end_step": 3, "val_loss": 2.75}, {"name": "long", "end_step": 5, "val_loss": 2.5}])
+    _fake_run(tmp_path, "teacher", [])
+    section = phase_section(tmp_path)
+    assert "| kd | 2.7500 | 2.5000 |" in section.markdown and "teacher" not in section.markdown
+    assert longctx_section(tmp_path) is None
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "longctx.md").write_text("# Long-context evaluation\n\n| task | metric |\n")
+    (tmp_path / "longctx" / "longctx_heatmap.png").write_bytes(b"\x89PNG fake")
+    paths = write_report(tmp_path)
+    text = paths["report.md"].read_text()
+    assert "## Validation loss after each phase" in text and "## Long-context evaluation" in text
+    assert "![longctx/longctx_heatmap.png](longctx/longctx_heatmap.png)" in text
+    assert "Validation loss after each phase" in paths["report.html"].read_text()
