@@ -1,19 +1,37 @@
-"""Attention kernels over already-rotated queries and keys.
+"""Attention kernels over already-rotated queries and keys, with optional document masking.
 
-Backends:
-  * ``sdpa``  – PyTorch scaled_dot_product_attention, causal, no document mask;
-  * ``dense`` – SDPA with a dense boolean (T x T) mask built from document ids (reference);
-  * ``varlen`` – each document attends only to itself, computed document by document, so
-    cost grows with the sum of squared document lengths, not the window length squared.
-``auto`` picks ``sdpa`` without a document mask and ``varlen`` with one.
+A packed window holds several documents; ``doc_ids`` (B, T) names the document of every token
+(any integers; a new segment starts wherever the id changes along a row). With a document mask
+a token attends causally and only to earlier tokens of its own segment.
+
+Backends (``attention.backend``):
+  * ``sdpa``   – no document mask: plain causal scaled_dot_product_attention;
+  * ``dense``  – the reference: SDPA with a dense boolean (T x T) mask per row, so its cost grows
+                 with the window length squared whatever the documents;
+  * ``varlen`` – segments are gathered into batches of similar length and run as ordinary causal
+                 SDPA calls, so cost grows with the sum of squared segment lengths. Lengths are
+                 rounded up to one of four sizes per power of two (at most 1/4 padding); padding
+                 goes after a segment's last token, where a causal mask keeps it out of every
+                 real token's view, so no mask is needed and results match the reference exactly;
+  * ``flex``   – FlexAttention with a block mask built from ``doc_ids``, compiled on CUDA, eager
+                 elsewhere (torch has no CPU backward for it, so on CPU it serves inference only).
+                 The CPU forward is tested; the CUDA compiled path is not exercised by the test
+                 suite (no GPU in CI);
+  * ``auto``   – ``sdpa`` without document ids, ``flex`` with them on CUDA, ``varlen`` otherwise.
+
+`Documents` derives the boundaries once per forward pass (the model wraps ``doc_ids`` before its
+first layer), so layers share the dense mask, the varlen grouping or the flex block mask.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import importlib.util
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+BACKENDS = ("auto", "sdpa", "dense", "varlen", "flex")
 
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -24,36 +42,204 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return (same_doc & causal).unsqueeze(1)
 
 
+def bucket_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """Round each length up to m * 2^e with m in [4, 8) (exact below 8): at most 1/4 padding.
+
+    Four sizes per power of two: finer buckets pad less but make more, smaller attention calls,
+    and on a busy 2-core CPU the extra gathers and concatenations cost more than they save."""
+    octave = torch.clamp(torch.floor(torch.log2(lengths.double())) - 2, min=0).long()
+    step = torch.pow(2, octave)
+    return (lengths + step - 1) // step * step
+
+
+class VarlenPlan:
+    """Where the varlen backend puts every token: segments sorted by padded length and laid out
+    back to back, one group of equal-length rows per padded length, each row stored head-major
+    (heads, length, D) so every group is a contiguous (rows, heads, length, D) SDPA input.
+
+    Pad slots read token 0: only pad queries can see them (they follow every real token of their
+    segment), so real outputs are untouched, and with zero gradient on pad outputs every pad
+    slot's gradient is exactly zero. Moving (token, head) vectors into slots and back is one
+    `index_select` each way, forward and backward (`_Reindex`), so the cost stays O(T) however
+    many groups. When the segments already tile the tokens in order without padding
+    (`identity`), the groups are plain views and nothing is gathered.
+    """
+
+    def __init__(self, starts: torch.Tensor, lengths: torch.Tensor, total: int):
+        device = starts.device
+        padded = bucket_lengths(lengths)
+        order = torch.argsort(padded, stable=True)
+        starts, lengths, padded = starts[order], lengths[order], padded[order]
+        sizes, counts = torch.unique_consecutive(padded, return_counts=True)
+        self.shapes = [(int(c), int(n)) for c, n in zip(counts, sizes)]  # (rows, length) per group
+        segment = torch.repeat_interleave(torch.arange(len(padded), device=device), padded)
+        first_slot = torch.cumsum(padded, 0) - padded
+        self._within = torch.arange(segment.numel(), device=device) - first_slot[segment]
+        self._real = self._within < lengths[segment]
+        self._token = torch.where(self._real, starts[segment] + self._within, 0)  # (P,) token read by each slot
+        self._row_start, self._row_length = first_slot[segment], padded[segment]
+        self.identity = segment.numel() == total and bool(torch.equal(self._token, torch.arange(total, device=device)))
+        self._slot_of_token = torch.empty(total, dtype=torch.long, device=device)
+        self._slot_of_token[self._token[self._real]] = torch.nonzero(self._real).squeeze(1)
+        self._layouts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def layout(self, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For `heads` heads: (source row of each slot row, slot row of each source row, slot row
+        is real), rows being D-vectors: token-major `token * heads + h` in the source,
+        `row_start * heads + h * length + position` in the slots."""
+        if heads not in self._layouts:
+            h = torch.arange(heads, device=self._token.device).unsqueeze(1)  # (heads, 1)
+            slot_rows = self._row_start * heads + h * self._row_length + self._within  # (heads, P)
+            source = torch.empty(slot_rows.numel(), dtype=torch.long, device=h.device)
+            source[slot_rows.flatten()] = (self._token * heads + h).flatten()
+            real = torch.empty_like(source, dtype=torch.bool)
+            real[slot_rows.flatten()] = self._real.expand(heads, -1).flatten()
+            back = slot_rows[:, self._slot_of_token].t().flatten()  # (tokens * heads,) in token-major order
+            self._layouts[heads] = (source, back, real)
+        return self._layouts[heads]
+
+
+class _Reindex(torch.autograd.Function):
+    """rows = x[forward_index]; backward reads the incoming gradient at `backward_index` (rows whose
+    gradient is zero by construction are not read back, so no scatter-add is needed) and zeroes
+    the rows where `backward_keep` is False."""
+
+    @staticmethod
+    def forward(ctx, x, forward_index, backward_index, backward_keep):
+        ctx.save_for_backward(backward_index, backward_keep)
+        return x.index_select(0, forward_index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        backward_index, backward_keep = ctx.saved_tensors
+        grad_x = grad.index_select(0, backward_index)
+        if backward_keep is not None:
+            grad_x = grad_x * backward_keep.view(-1, *([1] * (grad.dim() - 1)))
+        return grad_x, None, None, None
+
+
+class Documents:
+    """Document ids of a batch and, computed on first use, what each backend derives from them."""
+
+    def __init__(self, doc_ids: torch.Tensor):
+        self.doc_ids = doc_ids
+        self._mask: Optional[torch.Tensor] = None
+        self._plan: Optional[VarlenPlan] = None
+        self._block_mask = None
+
+    def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat start index and length of every segment (runs of equal ids within a row)."""
+        B, T = self.doc_ids.shape
+        change = torch.ones(B, T, dtype=torch.bool, device=self.doc_ids.device)
+        change[:, 1:] = self.doc_ids[:, 1:] != self.doc_ids[:, :-1]
+        starts = change.flatten().nonzero().squeeze(1)
+        ends = torch.cat([starts[1:], starts.new_tensor([B * T])])
+        return starts, ends - starts
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """int32 cumulative segment lengths over the flattened batch, as varlen kernels take them."""
+        starts, _ = self.segments()
+        return torch.cat([starts, starts.new_tensor([self.doc_ids.numel()])]).to(torch.int32)
+
+    def mask(self) -> torch.Tensor:
+        if self._mask is None:
+            self._mask = document_mask(self.doc_ids)
+        return self._mask
+
+    def plan(self) -> VarlenPlan:
+        if self._plan is None:
+            starts, lengths = self.segments()
+            self._plan = VarlenPlan(starts, lengths, self.doc_ids.numel())
+        return self._plan
+
+    def block_mask(self, q_len: int, device: torch.device):
+        if self._block_mask is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            ids = self.doc_ids
+
+            def same_document_causal(b, h, q_idx, kv_idx):
+                return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
+
+            self._block_mask = create_block_mask(same_document_causal, ids.shape[0], None, q_len, q_len, device=device)
+        return self._block_mask
+
+
 def _sdpa(q, k, v, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
     if k.shape[1] != q.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def _varlen(q, k, v, doc_ids: torch.Tensor) -> torch.Tensor:
-    """Causal attention within each run of equal document ids, one sequence at a time."""
-    out = torch.empty_like(q)
-    for b in range(q.shape[0]):
-        ids = doc_ids[b]
-        change = torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1
-        bounds = [0, *change.tolist(), ids.shape[0]]
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            out[b : b + 1, :, start:end] = _sdpa(
-                q[b : b + 1, :, start:end], k[b : b + 1, :, start:end], v[b : b + 1, :, start:end], None, True
-            )
-    return out
+def _varlen(q, k, v, docs: Documents) -> torch.Tensor:
+    B, H, T, D = q.shape
+    plan = docs.plan()
+
+    def groups(x: torch.Tensor) -> list[torch.Tensor]:
+        """(B, heads, T, D) -> one (rows, heads, length, D) tensor per group."""
+        heads = x.shape[1]
+        tokens = x.transpose(1, 2).reshape(B * T, heads, D)  # free for (B, T, heads, D) projections
+        if plan.identity:
+            pieces = tokens.split([rows * length for rows, length in plan.shapes])
+            return [p.view(rows, length, heads, D).transpose(1, 2) for p, (rows, length) in zip(pieces, plan.shapes)]
+        source, back, _ = plan.layout(heads)
+        slots = _Reindex.apply(tokens.reshape(-1, D), source, back, None)
+        pieces = slots.split([rows * heads * length for rows, length in plan.shapes])
+        return [p.view(rows, heads, length, D) for p, (rows, length) in zip(pieces, plan.shapes)]
+
+    outputs = [_sdpa(qg, kg, vg, None, True) for qg, kg, vg in zip(groups(q), groups(k), groups(v))]
+    if plan.identity:
+        out = torch.cat([y.transpose(1, 2).reshape(-1, H, D) for y in outputs])
+    else:
+        source, back, real = plan.layout(H)
+        out = _Reindex.apply(torch.cat([y.reshape(-1, D) for y in outputs]), back, source, real.to(q.dtype))
+    return out.view(B, T, H, D).transpose(1, 2)
+
+
+_compiled_flex = None
+
+
+def _flex(q, k, v, docs: Documents) -> torch.Tensor:
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    kernel = flex_attention
+    if q.is_cuda:  # eager flex materialises the scores; compiled it is a fused kernel
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        kernel = _compiled_flex
+    return kernel(q, k, v, block_mask=docs.block_mask(q.shape[2], q.device), enable_gqa=k.shape[1] != q.shape[1])
+
+
+def flex_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Documents]], device: torch.device) -> str:
+    """The backend `attend` runs: 'sdpa', 'dense', 'varlen' or 'flex'."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if doc_ids is None:
+        return "sdpa"
+    if backend != "auto":
+        return backend
+    return "flex" if device.type == "cuda" and flex_available() else "varlen"
 
 
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    doc_ids: Optional[torch.Tensor] = None,
+    doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """q (B, Hq, T, D), k/v (B, Hk, T, D), optional doc_ids (B, T) -> (B, Hq, T, D)."""
-    if doc_ids is None or backend == "sdpa":
+    """q (B, Hq, T, D), k/v (B, Hk, T, D), optional doc_ids (B, T) or `Documents` -> (B, Hq, T, D)."""
+    chosen = resolve_backend(backend, doc_ids, q.device)
+    if chosen == "sdpa":
         return _sdpa(q, k, v, None, True)
-    if backend == "dense":
-        return _sdpa(q, k, v, document_mask(doc_ids), False)
-    return _varlen(q, k, v, doc_ids)
+    docs = doc_ids if isinstance(doc_ids, Documents) else Documents(doc_ids)
+    if chosen == "dense":
+        return _sdpa(q, k, v, docs.mask(), False)
+    if chosen == "flex":
+        return _flex(q, k, v, docs)
+    return _varlen(q, k, v, docs)

@@ -216,6 +216,68 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------ rope-base
+
+
+def _token_counts(text: str) -> list[int]:
+    """argparse type: "256,2k,128k,1M" -> [256, 2048, 131072, 1048576] (k = 1024, M = 1024^2)."""
+    scale = {"k": 2**10, "K": 2**10, "m": 2**20, "M": 2**20}
+    try:
+        return [int(float(t[:-1]) * scale[t[-1]]) if t[-1] in scale else int(t) for t in (x.strip() for x in text.split(",")) if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 256,2k,128k") from None
+
+
+def _numbers(text: str) -> list[float]:
+    """argparse type: "0,0.25,1" -> [0.0, 0.25, 1.0]."""
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0,0.5,1") from None
+
+
+def _add_rope_base(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", type=_token_counts, default=[2048, 8192, 32768, 131072],
+                   help="context lengths in tokens, k = 1024, M = 1024^2 (default 2k,8k,32k,128k; 128k takes 15-50 s per dims value on a CPU core)")
+    p.add_argument("--dims", type=_token_counts, default=[64, 128], help="rotary dims d (default 64,128: Llama-3.2-1B, Llama-3.1-8B)")
+    p.add_argument("--theta", type=_numbers, default=[10_000.0, 500_000.0], help="bases to check against each context (default 10000,500000)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_rope_base(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.rope_bound import bound_table
+
+    rows = bound_table(args.context, args.dims, args.theta, progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    cell = {(r["rotary_dims"], r["context"]): r for r in rows}
+    table = Table(title="lower bound on the RoPE base (Men et al. 2024): B(m) = sum_i cos(m base^(-2i/d)) >= 0 for m <= context")
+    table.add_column("rotary dims d", justify="right")
+    for context in args.context:
+        table.add_column(f"{context:,} tokens", justify="right")
+    for d in args.dims:
+        bounds = [cell[d, c]["base_lower_bound"] for c in args.context]
+        table.add_row(str(d), *("none below 1e30" if b is None else f"{b:.3g}" for b in bounds))
+    Console().print(table)
+    if args.theta:
+        check = Table(title="each base: first distance m with B(m) < 0, and the contexts it covers")
+        for column in ("base", "d", "first m with B(m) < 0", *(f"{c:,}" for c in args.context)):
+            check.add_column(column, justify="right")
+        for theta in args.theta:
+            for d in args.dims:
+                firsts = [cell[d, c]["first_negative"][theta] for c in args.context]
+                first = next((m for m in firsts if m is not None), None)
+                check.add_row(f"{theta:g}", str(d), "none" if first is None else f"{first:,}",
+                              *("ok" if m is None else "fails" for m in firsts))
+        Console().print(check)
+    return 0
+
+
 # ------------------------------------------------------------------ export / import
 
 
@@ -338,8 +400,39 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, <run>/checkpoints/step_N folders or imported folders")
+    p.add_argument("--out", dest="out_dir", required=True,
+                   help="folder for longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png (not one holding earlier ones)")
+    p.add_argument("--tasks", help="comma-separated: passkey, needle (default: both)")
+    p.add_argument("--lengths", type=_token_counts, help="prompt lengths in tokens, k = 1024 (default 256,512,1k,2k,4k)")
+    p.add_argument("--depths", type=_numbers, help="needle positions in the haystack, 0 = start, 1 = end (default 0,0.25,0.5,0.75,1)")
+    p.add_argument("--items", type=int, help="items per (length, depth) cell (default 2)")
+    p.add_argument("--distractors", type=int, help="wrong answers the true one is ranked against (default 9)")
+    p.add_argument("--digits", type=int, help="digits of the answer (default 5)")
+    p.add_argument("--loss-length", type=int, help="loss-by-position window in tokens (default: the longest length; 0: skip)")
+    p.add_argument("--loss-windows", type=int, help="validation windows for loss by position (default 4)")
+    p.add_argument("--seed", type=int, help="item seed (default 0): equal seeds give equal items to runs of one data config")
+    p.add_argument("--batch-size", type=int, help="prompts (or loss windows) per forward pass (default 8)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_eval_longctx(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.longctx import evaluate_longctx
+
+    names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed", "batch_size")
+    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    results = evaluate_longctx(args.runs, args.out_dir, device=args.device, progress=not args.no_progress, **options)
+    print(open(results["files"]["longctx.md"]).read().rstrip())
+    print("wrote " + ", ".join(results["files"].values()))
+    return 0
+
+
 EVAL_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
     ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
+    ("longctx", _add_eval_longctx, cmd_eval_longctx,
+     "passkey and needle-in-a-haystack retrieval over context lengths x depths, and loss by position"),
 ]
 
 
@@ -523,10 +616,11 @@ COMMANDS: list[Command] = [
     ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
     ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
+    ("rope-base", _add_rope_base, cmd_rope_base, "lower bound on the RoPE base for a context length per rotary dims (Men et al. 2024)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
     ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
     ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
-    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` runs lm-evaluation-harness tasks"),
+    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, loss by position)"),
     ("data", _add_data, cmd_data, "prepare corpora into token shards (`data prepare`) and check them (`data verify`)"),
     ("probe", _add_probe, cmd_probe, "dissect positional information: `probe run` (repeated-block perturbation), `probe weights`"),
 ]

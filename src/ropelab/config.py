@@ -198,6 +198,8 @@ class DataConfig:
     padding) and cutting documents longer than `seq_len` into pieces.
     `mask_boundary_labels`: no loss on a document's last token, whose target is the next
     document's first. `positions`: ``running`` over the window, or ``restart`` at each document.
+    `max_doc_len`: cut documents into pieces of at most this many tokens, each treated as a document
+    (short documents from any corpus; see `ropelab.data.loader`).
     `verify` (prepared folders): ``once`` hashes the shards on first use on this machine,
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
@@ -210,12 +212,15 @@ class DataConfig:
     pack: Literal["cross", "whole"] = "cross"
     mask_boundary_labels: bool = False
     verify: Literal["once", "always", "sizes"] = "once"
+    max_doc_len: Optional[int] = None
 
     def validate(self) -> None:
         if self.seq_len <= 0:
             raise ConfigError(f"data.seq_len={self.seq_len}: must be > 0")
         if not (0 < self.val_percent < 50):
             raise ConfigError(f"data.val_percent={self.val_percent}: must be in (0, 50)")
+        if self.max_doc_len is not None and self.max_doc_len <= 0:
+            raise ConfigError(f"data.max_doc_len={self.max_doc_len}: must be > 0 (or omitted)")
         if not self.corpus:
             raise ConfigError("data.corpus: empty; use 'stdlib' or a folder written by `ropelab data prepare`")
 

@@ -8,6 +8,7 @@ train or validation split, so the split never depends on file order or machine.
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -19,24 +20,30 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def in_validation(relative_path: str, val_percent: float) -> bool:
-    digest = hashlib.sha256(relative_path.encode()).digest()
+def in_validation(key: str, val_percent: float) -> bool:
+    """Whether the document with this key (a relative path, or a document's text) is held out."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") % 10_000 < val_percent * 100
+
+
+def stdlib_entries() -> list[tuple[str, Path]]:
+    """(relative posix path, path) of every standard-library source file used, sorted by path."""
+    root = stdlib_root()
+    entries = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in EXCLUDED_PARTS]  # site-packages can be huge: never enter it
+        for name in files:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                entries.append((path.relative_to(root).as_posix(), path))
+    return sorted(entries, key=lambda entry: Path(entry[0]).parts)
 
 
 def stdlib_files(split: str, val_percent: float = 2.0) -> list[Path]:
     if split not in ("train", "validation"):
         raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    root = stdlib_root()
     want_val = split == "validation"
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root)
-        if EXCLUDED_PARTS.intersection(relative.parts):
-            continue
-        if in_validation(relative.as_posix(), val_percent) == want_val:
-            files.append(path)
-    return files
+    return [path for relative, path in stdlib_entries() if in_validation(relative, val_percent) == want_val]
 
 
 def stdlib_documents(split: str, val_percent: float = 2.0) -> Iterator[str]:

@@ -1,21 +1,42 @@
 """Deterministic, seekable batches of packed windows.
 
-Sample i of the run (counting every sequence of every optimizer step, across ranks) is
-window `perm_e[i mod W]` of epoch e = i // W, where W is the number of `seq_len` windows in
-the token stream and perm_e a permutation seeded by (seed, e). A batch is therefore a pure
-function of (seed, step, micro-step, rank): a resumed run sees exactly the data it would
-have seen, and ranks never overlap.
+A split's token stream (documents back to back, EOS after each) is cut into `seq_len` windows:
+  * ``pack=cross``: window w is tokens [w*T, (w+1)*T); documents run across window edges;
+  * ``pack=whole``: documents go into windows whole, in stream order; when the next one does not
+    fit, the rest of the window is padding. A document longer than T is cut into T-token pieces.
+    Windows do not span shards.
+Sample i of the run (counting every sequence of every optimizer step, across ranks) is window
+``perm_e[i mod W]`` of epoch e = i // W, where W is the number of windows and perm_e a permutation
+seeded by (seed, e). A batch is therefore a pure function of (seed, step, micro-step, rank): a
+resumed run sees exactly the data it would have seen, and ranks never overlap.
+
+Labels are the next token of the stream; -100 (no loss) on padding, after the end of the split
+and, with `mask_boundary_labels`, on each document's last token, whose target would be the next
+document's first. Position ids run over the window, or restart at each document (a document
+begun before the window counts from the window edge). `doc_ids` number documents across the
+split (padding is -1); `cu_seqlens` marks the same segments over the flattened batch.
+
+`max_doc_len` turns long documents into short ones: each document is cut into pieces of at most
+that many tokens, and every piece counts as a document of its own for the document mask,
+restarting positions and boundary labels (its id is then its first stream position; no EOS is
+inserted between pieces). Packed into long windows with running positions, that is the
+distillation seed's "short data, long context" phase built from any corpus.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
+from ropelab.attention import Documents
+from ropelab.config import ConfigError
 from ropelab.data.tokens import TokenSplit
+
+PAD_DOC = -1
 
 
 @dataclass
@@ -23,38 +44,93 @@ class Batch:
     input_ids: torch.Tensor  # (B, T) long
     labels: torch.Tensor  # (B, T) long, -100 where no loss
     position_ids: torch.Tensor  # (B, T) long
-    doc_ids: torch.Tensor  # (B, T) long, document index within the split
+    doc_ids: torch.Tensor  # (B, T) long, document number within the split, -1 on padding
+    cu_seqlens: Optional[torch.Tensor] = None  # (segments + 1,) int32 over the flattened B*T tokens
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.labels, self.position_ids, self.doc_ids)))
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.input_ids), move(self.labels), move(self.position_ids), move(self.doc_ids), move(self.cu_seqlens))
+
+
+def whole_windows(split: TokenSplit, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first stream position, token count) of every pack=whole window, greedily filled in order."""
+    starts, lengths = [], []
+    for base, shard in zip(split.token_bases, split.shards):
+        offsets = np.asarray(shard.doc_offsets)
+        pos, end = 0, int(offsets[-1])
+        while pos < end:
+            limit = pos + seq_len
+            boundary = int(offsets[np.searchsorted(offsets, limit, side="right") - 1])
+            stop = boundary if boundary > pos else min(limit, end)  # no boundary in reach: cut a piece
+            starts.append(int(base) + pos)
+            lengths.append(stop - pos)
+            pos = stop
+    return np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
 
 
 class PackedLoader:
-    def __init__(self, split: TokenSplit, seq_len: int, seed: int = 0, positions: str = "running"):
+    def __init__(
+        self,
+        split: TokenSplit,
+        seq_len: int,
+        seed: int = 0,
+        positions: str = "running",
+        pack: str = "cross",
+        mask_boundary_labels: bool = False,
+        pad_id: int = 0,
+        name: str = "split",
+        max_doc_len: Optional[int] = None,
+    ):
         self.split = split
         self.seq_len = seq_len
         self.seed = seed
         self.positions = positions
-        self.num_windows = (split.num_tokens - 1) // seq_len
+        self.pack = pack
+        self.mask_boundary_labels = mask_boundary_labels
+        self.pad_id = pad_id
+        self.max_doc_len = max_doc_len
+        if pack == "cross":
+            self.num_windows = (split.num_tokens - 1) // seq_len
+        else:
+            self.starts, self.lengths = whole_windows(split, seq_len)
+            self.num_windows = len(self.starts)
         if self.num_windows < 1:
-            raise ValueError(f"split has {split.num_tokens} tokens, fewer than one window of {seq_len + 1}")
+            raise ConfigError(f"{name}: {split.num_tokens} tokens, fewer than one window of {seq_len + 1}; lower data.seq_len or add data")
 
-    @lru_cache(maxsize=4)
+    @lru_cache(maxsize=2)
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
 
+    def span(self, window_index: int) -> tuple[int, int]:
+        """(first stream position, token count) of a window."""
+        if self.pack == "cross":
+            return window_index * self.seq_len, self.seq_len
+        return int(self.starts[window_index]), int(self.lengths[window_index])
+
     def window(self, window_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(input ids, labels, position ids, document ids) of one window, each (T,)."""
         T = self.seq_len
-        start = window_index * T
-        chunk = np.asarray(self.split.tokens[start : start + T + 1], dtype=np.int64)
-        offsets = self.split.doc_offsets
-        doc = np.searchsorted(offsets, np.arange(start, start + T), side="right") - 1
-        if self.positions == "running":
-            pos = np.arange(T)
-        else:  # restart at each document start (a document begun before the window counts from the window edge)
-            doc_start = np.maximum(offsets[doc], start)
-            pos = np.arange(start, start + T) - doc_start
-        return chunk[:-1], chunk[1:], pos, doc
+        start, n = self.span(window_index)
+        tokens = self.split.tokens(start, start + n + 1)  # one past the window for the last label
+        doc, doc_start = self.split.locate(start, start + n + 1)
+        if self.max_doc_len:
+            offset = np.arange(start, start + len(doc)) - doc_start
+            doc_start = doc_start + offset // self.max_doc_len * self.max_doc_len
+            doc = doc_start
+        targets = tokens[1:]
+        x = np.full(T, self.pad_id, dtype=np.int64)
+        x[:n] = tokens[:n]
+        y = np.full(T, -100, dtype=np.int64)
+        y[: len(targets)] = targets
+        if self.mask_boundary_labels:
+            y[: len(targets)][doc[: len(targets)] != doc[1 : len(targets) + 1]] = -100
+        ids = np.full(T, PAD_DOC, dtype=np.int64)
+        ids[:n] = doc[:n]
+        pos = np.arange(T)
+        if self.positions == "restart":
+            pos[:n] = np.arange(start, start + n) - np.maximum(doc_start[:n], start)
+            pos[n:] = np.arange(T - n)
+        return x, y, pos, ids
 
     def sample_windows(self, first_sample: int, count: int) -> list[int]:
         out = []
@@ -65,7 +141,8 @@ class PackedLoader:
 
     def collate(self, windows: list[int]) -> Batch:
         parts = [self.window(w) for w in windows]
-        return Batch(*(torch.from_numpy(np.stack([p[i] for p in parts])) for i in range(4)))
+        x, y, pos, ids = (torch.from_numpy(np.stack([p[i] for p in parts])) for i in range(4))
+        return Batch(x, y, pos, ids, Documents(ids).cu_seqlens())
 
     def batch(self, step: int, micro_step: int, micro_batch: int, grad_accum: int, rank: int = 0, world: int = 1) -> Batch:
         """Micro-batch `micro_step` of optimizer step `step` for data-parallel `rank`."""
@@ -73,8 +150,9 @@ class PackedLoader:
         first = step * global_batch + (micro_step * world + rank) * micro_batch
         return self.collate(self.sample_windows(first, micro_batch))
 
-    def sequential(self, count: int, micro_batch: int):
-        """The first `count` windows in order, in micro-batches (validation)."""
-        count = min(count, self.num_windows)
-        for start in range(0, count, micro_batch):
-            yield self.collate(list(range(start, min(start + micro_batch, count))))
+    def sequential(self, count: int, micro_batch: int, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        """The first `count` windows in order, in micro-batches (validation); rank r of `world`
+        takes windows r, r + world, ..."""
+        mine = list(range(rank, min(count, self.num_windows), world))
+        for start in range(0, len(mine), micro_batch):
+            yield self.collate(mine[start : start + micro_batch])

@@ -1,4 +1,9 @@
-"""From a run's `DataConfig` to its train and validation loaders (the trainer's one entry point into data/)."""
+"""From a run's `DataConfig` to its train and validation loaders (the trainer's one entry point into data/).
+
+Opening a token folder checks it against the run before any step: shard sizes always, sha256
+checksums per `data.verify`, the tokenizer (by name, else by fingerprint) and the largest token
+id against `model.vocab_size`.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ from pathlib import Path
 
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
+from ropelab.data.prepare import builtin_token_folder
 from ropelab.data.tokenizer import load_tokenizer
-from ropelab.data.tokens import builtin_token_folder, open_split, read_manifest
+from ropelab.data.tokens import SPLITS, check_sizes, open_split, read_manifest
+from ropelab.data.verify import verify_checksums
 
 
 def token_folder(config: RunConfig) -> Path:
@@ -22,11 +29,52 @@ def token_folder(config: RunConfig) -> Path:
     return folder
 
 
+def check_tokenizer(folder: Path, manifest: dict, spec: str) -> None:
+    """The run's `data.tokenizer` must be the one the folder was tokenized with."""
+    if spec == manifest["tokenizer"]:
+        return
+    fix = f"set data.tokenizer={manifest['tokenizer']}"
+    try:
+        fingerprint = load_tokenizer(spec).fingerprint()
+    except ConfigError as exc:
+        raise ConfigError(f"data.tokenizer={spec!r}: {folder} was tokenized with {manifest['tokenizer']!r} and this one cannot be compared ({exc}); {fix}") from None
+    if fingerprint != manifest["tokenizer_fingerprint"]:
+        raise ConfigError(
+            f"data.tokenizer={spec!r} (fingerprint {fingerprint}) differs from the tokenizer of {folder} "
+            f"({manifest['tokenizer']!r}, fingerprint {manifest['tokenizer_fingerprint']}); {fix}"
+        )
+
+
+def check_vocab(folder: Path, manifest: dict, vocab_size) -> None:
+    largest = max(manifest["splits"][split]["max_token_id"] for split in SPLITS)
+    if vocab_size is not None and largest >= vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size}: {folder} holds token ids up to {largest} "
+            f"(tokenizer {manifest['tokenizer']!r}, {manifest['vocab_size']} tokens)"
+        )
+
+
+def open_token_folder(folder: Path, verify: str = "once") -> dict:
+    """Read and check a token folder's manifest: sizes always, checksums per `verify`."""
+    manifest = read_manifest(folder)
+    check_sizes(folder, manifest)
+    if verify != "sizes":
+        verify_checksums(folder, manifest, remember=verify == "once")
+    return manifest
+
+
 def build_loaders(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
     """(train loader, validation loader, manifest) for a run."""
-    folder = token_folder(config)
-    manifest = read_manifest(folder)
     d = config.data
-    loader = PackedLoader(open_split(folder, "train"), d.seq_len, config.seed, d.positions)
-    val_loader = PackedLoader(open_split(folder, "validation"), d.seq_len, config.seed, d.positions)
-    return loader, val_loader, manifest
+    folder = token_folder(config)
+    manifest = open_token_folder(folder, d.verify)
+    if d.corpus != "stdlib":
+        check_tokenizer(folder, manifest, d.tokenizer)
+    check_vocab(folder, manifest, config.model.vocab_size)
+    pad_id = manifest["pad_id"] if manifest["pad_id"] is not None else manifest["eos_id"]
+    loaders = [
+        PackedLoader(open_split(folder, split, manifest), d.seq_len, config.seed, d.positions, d.pack,
+                     d.mask_boundary_labels, pad_id, name=f"{folder} ({split})", max_doc_len=d.max_doc_len)
+        for split in SPLITS
+    ]
+    return loaders[0], loaders[1], manifest

@@ -1,14 +1,39 @@
-"""Named document sources: the built-in `stdlib` corpus, or a prepared token folder."""
+"""Document sources: the built-in `stdlib` corpus, local files, or a Hugging Face dataset.
+
+A source yields ``(key, text)`` pairs in a fixed order; the key decides the validation split
+(`corpus.in_validation`): the relative path for `stdlib` (the built-in split), None elsewhere,
+meaning the text itself, so a document lands in the same split whatever its position.
+
+Spec strings (``--source``):
+  * ``stdlib``                    – the built-in corpus;
+  * a ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a folder of such files (one type,
+    read in path order). A ``.txt`` file is one document; json and parquet rows are documents
+    whose text is in `text_field`;
+  * ``hf:NAME`` or a bare ``owner/name`` that is not a local path – ``datasets.load_dataset(NAME,
+    config, split=split, streaming=True)``, a hub dataset or a local dataset repository folder.
+Local files are read through the same `datasets` builders as hub data, so one code path is
+exercised by the tests. Every failure a user can cause surfaces as a one-line `ConfigError`.
+"""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import os
+import re
+import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Optional
+from urllib.parse import urlparse
 
 from ropelab.config import ConfigError
-from ropelab.data.corpus import stdlib_documents, stdlib_root
+from ropelab.data.corpus import stdlib_documents, stdlib_entries, stdlib_root
+
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+HUB_TIMEOUT_S = 5.0
 
 
 def corpus_key(corpus: str, val_percent: float) -> str:
@@ -24,3 +49,152 @@ def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Itera
     if corpus == "stdlib":
         return stdlib_documents(split, val_percent)
     raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for 'stdlib'; prepare other sources into a token folder")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def check_hub_reachable(name: str) -> None:
+    """Fail fast, in one line, when the Hugging Face hub cannot be reached (offline mode, no DNS, no route)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
+            raise ConfigError(f"--source {name}: {var} is set, so the Hugging Face hub is off; pass a local file or folder instead")
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlparse(proxy) if proxy else endpoint
+    host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or _one_line(exc)
+        raise ConfigError(
+            f"--source {name}: cannot reach {host}:{port} ({reason}); check the network, or download the data and pass a local file or folder"
+        ) from None
+
+
+@dataclass
+class Source:
+    """Where documents come from; `describe()` is what the manifest records."""
+
+    spec: str
+    hf_config: Optional[str] = None
+    split: str = "train"
+    text_field: str = "text"
+    encoding_errors: str = "strict"  # for .txt and json files: strict | replace | ignore
+
+    def __post_init__(self) -> None:
+        self.kind, self.location = self._classify()
+        self.files: list[Path] = self._local_files() if self.kind == "local" else []
+
+    def _classify(self) -> tuple[str, str]:
+        if self.spec == "stdlib":
+            return "stdlib", "stdlib"
+        if self.spec.startswith("hf:"):
+            return "dataset", self.spec[3:]
+        path = Path(self.spec).expanduser()
+        if path.exists():
+            return "local", str(path.resolve())
+        if path.suffix.lower() in LOCAL_BUILDERS or not _HUB_NAME.match(self.spec):
+            raise ConfigError(f"--source {self.spec}: file or folder not found")
+        return "dataset", self.spec
+
+    def _local_files(self) -> list[Path]:
+        path = Path(self.location)
+        if path.is_file():
+            if path.suffix.lower() not in LOCAL_BUILDERS:
+                raise ConfigError(f"--source {self.spec}: unsupported file type {path.suffix or '(none)'!r}; use {', '.join(LOCAL_BUILDERS)}")
+            return [path]
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_BUILDERS)
+        if not files:
+            raise ConfigError(f"--source {self.spec}: folder holds no {', '.join(LOCAL_BUILDERS)} files")
+        builders = {LOCAL_BUILDERS[p.suffix.lower()] for p in files}
+        if len(builders) > 1:
+            raise ConfigError(f"--source {self.spec}: folder mixes file types ({', '.join(sorted(builders))}); prepare one type per run")
+        return files
+
+    def describe(self) -> dict:
+        out: dict[str, Any] = {"kind": self.kind, "name": self.location}
+        if self.kind == "stdlib":  # the corpus is the running Python's own source
+            out["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if self.kind == "local":
+            out["files"] = len(self.files)
+        if self.kind == "dataset":
+            out |= {"config": self.hf_config, "split": self.split}
+        if self.kind != "stdlib":
+            out["text_field"] = self.text_field
+        return out
+
+    # ------------------------------------------------------------------ reading
+
+    def documents(self, skip: int = 0) -> Iterator[tuple[Optional[str], Optional[str]]]:
+        """(key, text) of every document from position `skip` on; text None for a missing value."""
+        if self.kind == "stdlib":
+            for relative, path in stdlib_entries()[skip:]:
+                yield relative, path.read_text(encoding="utf-8", errors="replace")
+            return
+        rows = self._rows()
+        if skip:
+            rows = rows.skip(skip)
+        index = skip
+        iterator = iter(rows)
+        while True:
+            try:
+                row = next(iterator)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as exc:
+                raise ConfigError(self._decode_error(exc)) from None
+            except Exception as exc:  # the datasets/pyarrow readers: a bad file or a lost connection
+                raise ConfigError(f"--source {self.spec}: could not read document {index} ({_one_line(exc)})") from None
+            yield None, self._text(row, index)
+            index += 1
+
+    def _rows(self):
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError("reading files and datasets needs the `datasets` package: pip install datasets") from None
+        datasets.disable_progress_bars()
+        if self.kind == "dataset" and not Path(self.location).exists():
+            check_hub_reachable(self.location)
+        try:
+            if self.kind == "dataset":
+                rows = datasets.load_dataset(self.location, self.hf_config, split=self.split, streaming=True)
+            else:
+                builder = LOCAL_BUILDERS[self.files[0].suffix.lower()]
+                options = {} if builder == "parquet" else {"encoding_errors": self.encoding_errors}
+                if builder == "text":
+                    options["sample_by"] = "document"
+                rows = datasets.load_dataset(builder, data_files=[str(p) for p in self.files], split="train", streaming=True, **options)
+        except Exception as exc:  # missing repo or config, no network, unreadable files
+            raise ConfigError(f"--source {self.spec}: could not open ({_one_line(exc)})") from None
+        columns = getattr(rows, "column_names", None)
+        if columns is not None and self.text_field not in columns:
+            raise ConfigError(f"--source {self.spec}: no text field {self.text_field!r}; fields are {', '.join(columns)} (choose with --text-field)")
+        return rows
+
+    def _text(self, row: dict, index: int) -> Optional[str]:
+        if self.text_field not in row:
+            raise ConfigError(f"--source {self.spec}: document {index} has no field {self.text_field!r}; fields are {', '.join(row)} (choose with --text-field)")
+        value = row[self.text_field]
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"--source {self.spec}: field {self.text_field!r} of document {index} is {type(value).__name__}, not text")
+        return value
+
+    def _decode_error(self, exc: UnicodeDecodeError) -> str:
+        """Name the first local file that is not valid text in the source's encoding."""
+        for path in self.files:
+            decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+            with open(path, "rb") as f:
+                while True:
+                    block = f.read(1 << 20)
+                    try:
+                        decoder.decode(block, final=not block)
+                    except UnicodeDecodeError as bad:
+                        return f"{path}: not valid UTF-8 (near byte {offset + bad.start}); fix the file or pass --encoding-errors replace"
+                    if not block:
+                        break
+                    offset += len(block)
+        return f"--source {self.spec}: not valid UTF-8 ({exc.reason}); pass --encoding-errors replace to substitute U+FFFD"

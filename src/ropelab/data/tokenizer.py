@@ -3,9 +3,11 @@
 Spec strings (``data.tokenizer``):
   * ``bytes``          – 256 byte values plus <eos>, <bos>, <pad>;
   * ``bpe:<vocab>``    – byte-level BPE trained with HF `tokenizers` on the training split of
-                         the corpus, cached under ``$ROPELAB_CACHE`` keyed by corpus and vocab;
+                         the built-in corpus, cached under ``$ROPELAB_CACHE`` keyed by corpus and vocab;
   * anything else      – an HF tokenizer: a ``tokenizer.json`` file, a local folder, or a hub
                          name (loaded with `transformers.AutoTokenizer`).
+When the corpus is a prepared token folder made with the same spec, the copy saved in that
+folder is used, so a run always tokenizes the way its data was tokenized.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class ByteTokenizer:
         return "bytes-v1"
 
 
+def _fingerprint(rust_tokenizer) -> str:
+    return hashlib.sha256(rust_tokenizer.to_str().encode()).hexdigest()[:16]
+
+
 class HFTokenizer:
     """Wraps a `tokenizers.Tokenizer` (fast, Rust) with EOS/BOS/PAD ids resolved."""
 
@@ -73,13 +79,15 @@ class HFTokenizer:
         return None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets nobody here reads
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.tok.to_str().encode()).hexdigest()[:16]
+        return _fingerprint(self.tok)
 
     def save(self, path: Path) -> None:
         self.tok.save(str(path))
@@ -144,15 +152,41 @@ def load_hf_tokenizer(spec: str) -> HFTokenizer:
     return HFTokenizer(hf.backend_tokenizer, spec, eos=hf.eos_token)
 
 
+def tokenizer_file_fingerprint(path: Path) -> str:
+    """The fingerprint `HFTokenizer.fingerprint` gives the tokenizer saved at `path`."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    return _fingerprint(RustTokenizer.from_file(str(path)))
+
+
+def prepared_folder_tokenizer(spec: str, corpus: str) -> Optional[Tokenizer]:
+    """The tokenizer saved in prepared token folder `corpus`, if it was made with `spec`."""
+    from ropelab.data.tokens import read_manifest
+
+    folder = Path(corpus)
+    if corpus == "stdlib" or not (folder / "manifest.json").is_file():
+        return None
+    manifest = read_manifest(folder)
+    if manifest["tokenizer"] != spec or spec == "bytes":
+        return None
+    from tokenizers import Tokenizer as RustTokenizer
+
+    tok = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+    return HFTokenizer(tok, spec, eos=tok.id_to_token(manifest["eos_id"]))
+
+
 def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0) -> Tokenizer:
     if spec == "bytes":
         return ByteTokenizer()
+    saved = prepared_folder_tokenizer(spec, corpus)
+    if saved is not None:
+        return saved
     if spec.startswith("bpe:"):
         try:
             vocab = int(spec.split(":", 1)[1])
         except ValueError:
             raise ConfigError(f"data.tokenizer={spec!r}: expected bpe:<vocab size>, e.g. bpe:4096") from None
-        return load_bpe(vocab, corpus, val_percent)
+        return load_bpe(vocab, "stdlib", val_percent)
     return load_hf_tokenizer(spec)
 
 

@@ -1,117 +1,207 @@
-"""Token storage: one flat token array per split plus document offsets, memory-mapped.
+"""Token storage: a split is a list of memory-mapped shards, each with its own document index.
 
-Folder layout (also what data preparation writes):
-  manifest.json                    tokenizer name and fingerprint, vocab size, dtype, counts
-  <split>.tokens.bin               token ids, EOS after every document, uint16 or uint32
-  <split>.docs.npy                 int64 offsets: document d is tokens[docs[d]:docs[d+1]]
-Files are written under a temporary name and renamed, so a folder never holds a
-split that looks complete but is not.
+Folder layout (written by `ropelab data prepare`, and for the built-in corpus on first use):
+  manifest.json           format, source, tokenizer name and fingerprint, vocabulary size, special
+                          ids, dtype; per split the token and document counts, the largest token
+                          id and every shard with the sha256 of its two files
+  tokenizer.json          the tokenizer itself (BPE and HF tokenizers), so the folder stands alone
+  <split>-NNNNN.bin       token ids, uint16 when the vocabulary fits, else uint32; EOS ends every document
+  <split>-NNNNN.idx.npy   int64 offsets: document j of the shard is tokens[idx[j]:idx[j + 1]]
+Documents never cross shards. A shard is written under a dotted temporary name and renamed when
+complete, and only shards the manifest lists count, so a folder never holds a shard that looks
+complete but is not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Optional
 
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.data.tokenizer import Tokenizer, cache_dir
+
+FORMAT = "ropelab-shards-1"
+SPLITS = ("train", "validation")
+MANIFEST_KEYS = ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_id", "pad_id", "dtype", "splits")
 
 
 def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
+def shard_files(folder: Path, name: str) -> tuple[Path, Path]:
+    """(token file, index file) of shard `name`, e.g. 'train-00003'."""
+    return folder / f"{name}.bin", folder / f"{name}.idx.npy"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON under a temporary name, then rename: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- reading
+
+
 @dataclass
+class Shard:
+    tokens: np.ndarray  # (n,) token ids, memory-mapped
+    doc_offsets: np.ndarray  # (d + 1,) int64, first 0, last n
+
+
 class TokenSplit:
-    tokens: np.ndarray  # (N,) memory-mapped token ids
-    doc_offsets: np.ndarray  # (D + 1,) int64
+    """The shards of one split read as one token stream; documents are numbered across shards."""
+
+    def __init__(self, shards: list[Shard]):
+        if not shards:
+            raise ValueError("a split needs at least one shard")
+        self.shards = shards
+        self.token_bases = np.cumsum([0] + [len(s.tokens) for s in shards])
+        self.doc_bases = np.cumsum([0] + [len(s.doc_offsets) - 1 for s in shards])
 
     @property
     def num_tokens(self) -> int:
-        return int(self.tokens.shape[0])
+        return int(self.token_bases[-1])
 
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_bases[-1])
 
-def write_split(folder: Path, split: str, tokenizer: Tokenizer, documents: Iterable[str], batch_size: int = 256) -> dict:
-    """Tokenize `documents` (EOS appended to each) into `folder`; returns the split's counts."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(tokenizer.vocab_size)
-    tmp_tokens = folder / f".{split}.tokens.bin.tmp{os.getpid()}"
-    offsets = [0]
-    batch: list[str] = []
+    def _pieces(self, start: int, stop: int):
+        """(shard index, local start, local stop) covering stream positions [start, stop)."""
+        stop = min(stop, self.num_tokens)
+        k = int(np.searchsorted(self.token_bases, start, side="right")) - 1
+        while start < stop:
+            base = int(self.token_bases[k])
+            end = min(stop, int(self.token_bases[k + 1]))
+            yield k, start - base, end - base
+            start, k = end, k + 1
 
-    def flush(out) -> None:
-        for ids in tokenizer.encode_batch(batch):
-            ids.append(tokenizer.eos_id)
-            np.asarray(ids, dtype=dtype).tofile(out)
-            offsets.append(offsets[-1] + len(ids))
-        batch.clear()
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Token ids at stream positions [start, stop) (fewer at the end of the split), as int64."""
+        parts = [self.shards[k].tokens[a:b] for k, a, b in self._pieces(start, stop)]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
-    with open(tmp_tokens, "wb") as out:
-        for text in documents:
-            batch.append(text)
-            if len(batch) >= batch_size:
-                flush(out)
-        if batch:
-            flush(out)
-    if len(offsets) == 1:
-        tmp_tokens.unlink()
-        raise ConfigError(f"{folder}: split {split!r} has no documents")
-    tmp_docs = folder / f".{split}.docs.tmp{os.getpid()}.npy"
-    np.save(tmp_docs, np.asarray(offsets, dtype=np.int64))
-    os.replace(tmp_tokens, folder / f"{split}.tokens.bin")
-    os.replace(tmp_docs, folder / f"{split}.docs.npy")
-    return {"tokens": offsets[-1], "documents": len(offsets) - 1}
-
-
-def write_manifest(folder: Path, tokenizer: Tokenizer, source: str, splits: dict) -> None:
-    manifest = {
-        "source": source,
-        "tokenizer": tokenizer.name,
-        "tokenizer_fingerprint": tokenizer.fingerprint(),
-        "vocab_size": tokenizer.vocab_size,
-        "eos_id": tokenizer.eos_id,
-        "dtype": np.dtype(token_dtype(tokenizer.vocab_size)).name,
-        "splits": splits,
-    }
-    tmp = folder / f".manifest.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, folder / "manifest.json")
+    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """For stream positions [start, stop): each token's document number and that document's
+        first stream position."""
+        docs, firsts = [], []
+        for k, a, b in self._pieces(start, stop):
+            offsets = self.shards[k].doc_offsets
+            local = np.searchsorted(offsets, np.arange(a, b), side="right") - 1
+            docs.append(local + self.doc_bases[k])
+            firsts.append(np.asarray(offsets[local], dtype=np.int64) + self.token_bases[k])
+        if not docs:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(docs), np.concatenate(firsts)
 
 
 def read_manifest(folder: Path) -> dict:
-    path = folder / "manifest.json"
+    path = Path(folder) / "manifest.json"
     if not path.is_file():
-        raise ConfigError(f"{folder}: no manifest.json; not a prepared token folder")
-    return json.loads(path.read_text())
+        hint = "; preparation did not finish: re-run the same prepare command to resume" if (Path(folder) / "progress.json").is_file() else ""
+        raise ConfigError(f"{folder}: no manifest.json; not a prepared token folder{hint}")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path}: not valid JSON") from None
+    if manifest.get("format") != FORMAT:
+        raise ConfigError(f"{path}: format {manifest.get('format')!r}, this ropelab reads {FORMAT!r}; prepare the data again")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest] + [s for s in SPLITS if s not in manifest.get("splits", {})]
+    if missing:
+        raise ConfigError(f"{path}: missing {', '.join(missing)}; the manifest is damaged, prepare the data again")
+    return manifest
 
 
-def open_split(folder: Path, split: str) -> TokenSplit:
-    manifest = read_manifest(folder)
-    tokens_path = folder / f"{split}.tokens.bin"
-    docs_path = folder / f"{split}.docs.npy"
-    if not tokens_path.is_file() or not docs_path.is_file():
-        raise ConfigError(f"{folder}: split {split!r} missing ({tokens_path.name} / {docs_path.name})")
-    tokens = np.memmap(tokens_path, dtype=np.dtype(manifest["dtype"]), mode="r")
-    offsets = np.load(docs_path)
-    if int(offsets[-1]) != tokens.shape[0]:
-        raise ConfigError(f"{tokens_path}: holds {tokens.shape[0]} tokens but its index says {int(offsets[-1])}")
-    return TokenSplit(tokens, offsets)
+def check_sizes(folder: Path, manifest: dict) -> None:
+    """Cheap structural check: every listed shard exists with the byte size its counts imply."""
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for split in SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            tokens_path, index_path = shard_files(folder, shard["name"])
+            for path in (tokens_path, index_path):
+                if not path.is_file():
+                    raise ConfigError(f"{path}: missing (listed in {folder / 'manifest.json'})")
+            if tokens_path.stat().st_size != shard["tokens"] * itemsize:
+                raise ConfigError(
+                    f"{tokens_path}: {tokens_path.stat().st_size} bytes, the manifest says {shard['tokens']} tokens of {itemsize} bytes"
+                )
 
 
-def builtin_token_folder(corpus: str, tokenizer: Tokenizer, val_percent: float) -> Path:
-    """Tokenized built-in corpus, cached by corpus, split and tokenizer fingerprint."""
-    from ropelab.data.sources import corpus_documents, corpus_key
+def open_split(folder: Path, split: str, manifest: Optional[dict] = None) -> TokenSplit:
+    manifest = manifest or read_manifest(folder)
+    dtype = np.dtype(manifest["dtype"])
+    shards = []
+    for shard in manifest["splits"][split]["shards"]:
+        tokens_path, index_path = shard_files(folder, shard["name"])
+        offsets = np.load(index_path, mmap_mode="r")
+        if offsets.shape != (shard["documents"] + 1,) or int(offsets[-1]) != shard["tokens"]:
+            raise ConfigError(f"{index_path}: does not index {shard['documents']} documents of {shard['tokens']} tokens")
+        shards.append(Shard(np.memmap(tokens_path, dtype=dtype, mode="r"), offsets))
+    return TokenSplit(shards)
 
-    folder = cache_dir() / "tokens" / f"{corpus}-{corpus_key(corpus, val_percent)}-{tokenizer.fingerprint()}"
-    if not (folder / "manifest.json").is_file():
-        splits = {
-            split: write_split(folder, split, tokenizer, corpus_documents(corpus, split, val_percent))
-            for split in ("train", "validation")
+
+# ---------------------------------------------------------------------------- writing
+
+
+class ShardWriter:
+    """Appends documents to the numbered shards of one split. A shard is closed once it holds at
+    least `shard_tokens` tokens; its files appear under their final names only when complete."""
+
+    def __init__(self, folder: Path, split: str, dtype, shard_tokens: int, next_index: int = 0):
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
+        self.index = next_index
+        self._file = None
+
+    def _start(self) -> None:
+        self.name = f"{self.split}-{self.index:05d}"
+        tokens_path, _ = shard_files(self.folder, self.name)
+        self._tmp = tokens_path.with_name(f".{tokens_path.name}.partial")
+        self._file = open(self._tmp, "wb")
+        self._digest = hashlib.sha256()
+        self._offsets = [0]
+        self._max_id = 0
+
+    def add(self, ids: np.ndarray) -> Optional[dict]:
+        """Append one document; returns the shard's record when this document completed it."""
+        if self._file is None:
+            self._start()
+        data = np.ascontiguousarray(ids, dtype=self.dtype)
+        self._file.write(data.tobytes())
+        self._digest.update(data.tobytes())
+        self._offsets.append(self._offsets[-1] + len(data))
+        self._max_id = max(self._max_id, int(data.max()))
+        return self.finish() if self._offsets[-1] >= self.shard_tokens else None
+
+    def finish(self) -> Optional[dict]:
+        """Close the current shard (if it holds anything) and return its record."""
+        if self._file is None:
+            return None
+        self._file.close()
+        self._file = None
+        tokens_path, index_path = shard_files(self.folder, self.name)
+        index_tmp = index_path.with_name(f".{index_path.name}.partial")
+        with open(index_tmp, "wb") as f:
+            np.save(f, np.asarray(self._offsets, dtype=np.int64))
+        record = {
+            "name": self.name, "tokens": self._offsets[-1], "documents": len(self._offsets) - 1,
+            "max_token_id": self._max_id, "sha256": self._digest.hexdigest(), "index_sha256": sha256_file(index_tmp),
         }
-        write_manifest(folder, tokenizer, corpus, splits)
-    return folder
+        os.replace(self._tmp, tokens_path)
+        os.replace(index_tmp, index_path)
+        self.index += 1
+        return record
