@@ -14,6 +14,9 @@ from typing import Callable
 from ropelab.config import ConfigError, MODEL_PRESETS, RunConfig, build_run_config, load_yaml
 from ropelab.errors import TrainingDiverged
 
+# (name, add_arguments(parser), handler(args) -> exit code, help)
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+
 OVERRIDES_HELP = """\
 overrides are dotted key=value pairs, values parsed as YAML, e.g.
   model.rope.fraction=0.25   model.rope.rotary_dims=2   model.rope.theta=500000
@@ -429,23 +432,30 @@ def cmd_eval_longctx(args: argparse.Namespace) -> int:
     return 0
 
 
-EVAL_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+def command_group(table: list[Command], name: str) -> tuple[Callable, Callable]:
+    """(add_arguments, handler) of a command with subcommands (`ropelab eval lm`, `ropelab data prepare`)."""
+
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        sub = p.add_subparsers(dest=f"{name}_command", required=True, metavar=name.upper())
+        for sub_name, add_sub_arguments, handler, help_text in table:
+            q = sub.add_parser(sub_name, help=help_text, description=help_text)
+            add_sub_arguments(q)
+            q.set_defaults(**{f"{name}_handler": handler})
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(args, f"{name}_handler")(args)
+
+    return add_arguments, run
+
+
+EVAL_COMMANDS: list[Command] = [
     ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
     ("longctx", _add_eval_longctx, cmd_eval_longctx,
      "passkey and needle-in-a-haystack retrieval over context lengths x depths, and loss by position"),
 ]
 
 
-def _add_eval(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
-    for name, add_arguments, handler, help_text in EVAL_COMMANDS:
-        q = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(q)
-        q.set_defaults(eval_handler=handler)
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    return args.eval_handler(args)
+_add_eval, cmd_eval = command_group(EVAL_COMMANDS, "eval")
 
 
 # ---------------------------------------------------------------------------- data
@@ -511,22 +521,13 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-DATA_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+DATA_COMMANDS: list[Command] = [
     ("prepare", _add_data_prepare, cmd_data_prepare, "tokenize a corpus into checksummed shards (resumable)"),
     ("verify", _add_data_verify, cmd_data_verify, "check a prepared folder's shards against their checksums"),
 ]
 
 
-def _add_data(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="data_command", required=True, metavar="DATA")
-    for name, add_arguments, handler, help_text in DATA_COMMANDS:
-        q = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(q)
-        q.set_defaults(data_handler=handler)
-
-
-def cmd_data(args: argparse.Namespace) -> int:
-    return args.data_handler(args)
+_add_data, cmd_data = command_group(DATA_COMMANDS, "data")
 
 
 # --------------------------------------------------------------------------- probe
@@ -586,7 +587,7 @@ def cmd_probe_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-PROBE_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = [
+PROBE_COMMANDS: list[Command] = [
     ("run", _add_probe_run, cmd_probe_run,
      "repeat one block of text to fill the window and measure how each repeat's hidden states, queries, keys and logits move"),
     ("weights", _add_probe_weights, cmd_probe_weights,
@@ -594,21 +595,10 @@ PROBE_COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Calla
 ]
 
 
-def _add_probe(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
-    for name, add_arguments, handler, help_text in PROBE_COMMANDS:
-        q = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(q)
-        q.set_defaults(probe_handler=handler)
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    return args.probe_handler(args)
+_add_probe, cmd_probe = command_group(PROBE_COMMANDS, "probe")
 
 
 # --------------------------------------------------------------------------- table
-
-Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 
 COMMANDS: list[Command] = [
     ("train", _add_train, cmd_train, "train one model (or resume one run)"),
