@@ -1,0 +1,557 @@
+"""Long-context evaluation: passkey retrieval, needle in a haystack, and loss by position.
+
+Retrieval tasks (`TASKS`), each a grid of context lengths x needle depths with a few items per cell:
+  passkey  a synthetic haystack, one filler paragraph repeated (the passkey test of Mohtashami &
+           Jaggi 2023, "Landmark Attention"), hiding "The pass key is 12345. Remember it. ...";
+  needle   a haystack of the run's own validation tokens (packed documents with EOS between them,
+           like the seed's packed training data) hiding "The magic number is 12345."
+Each prompt ends with its question ("... The magic number is") and the answer is " 12345".
+
+Items are built at the token level: the haystack is a slice of token ids, the encoded needle goes
+in at token index round(depth * haystack length) (0 = first, 1 = right before the question), and
+every prompt is exactly `length` tokens. An item depends only on (seed, task, length, item index),
+the tokenizer and the validation split: every depth of a length hides the same answer in the same
+haystack, and runs sharing a data config see identical items (results carry a fingerprint).
+
+Scores per item:
+  exact match  greedy decoding gives the answer and then no further digit. Greedy decoding is read off
+               the teacher-forced pass over the true answer: until its first wrong token it is exactly
+               what token-by-token greedy decoding (no KV cache) produces, and that token settles the
+               item, so no separate generation pass is run. A greedy output that spells the answer with
+               other tokens than the tokenizer's own encoding counts as a miss.
+  rank         the true answer against `distractors` random answers of the same format, by summed
+               log-probability given the prompt: 1 = best, ties share (rank = 1 + better + ties / 2).
+               Reported as mean reciprocal rank (mrr) and accuracy@1 (strictly best); they show
+               progress in small models that cannot generate the answer yet.
+Prompts of one length run `batch_size` at a time with their keys and values kept (the model has no
+KV cache; a small one stands in for its attention while prompts are scored), then each prompt's
+candidates run side by side in one short row after it: about one pass of `length` tokens per item.
+
+Loss by position: `loss_windows` windows of loss_length + 1 validation tokens, each starting at a
+document start, picked by seed among documents at least that long; when there are too few, the rest
+start at other documents and run on through the packed stream (results count the single-document
+windows). Token losses are averaged per position over windows, then over log-spaced position buckets.
+
+`evaluate_longctx(run_dirs, out_dir, ...)` checks every input first (runs, lengths against each
+model's max_seq_len, validation split sizes, the output folder), then evaluates run by run and writes
+the reports of `ropelab.evaluate.longctx_report`. CLI: ``ropelab eval longctx RUN ... --out DIR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ropelab.attention import attend
+from ropelab.config import ConfigError
+
+TASKS = ("passkey", "needle")
+_TASK_STREAM = {"passkey": 1, "needle": 2}  # seed stream per task (the loss windows use 0)
+
+
+@dataclass(frozen=True)
+class TaskText:
+    needle: str  # with {answer}
+    question: str
+    filler: Optional[str] = None  # repeated to form the haystack; None: validation tokens
+
+
+TASK_TEXT = {
+    "passkey": TaskText(
+        needle="\nThe pass key is {answer}. Remember it. {answer} is the pass key.\n",
+        question="\nWhat is the pass key? The pass key is",
+        filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
+    ),
+    "needle": TaskText(
+        needle="\nThe magic number is {answer}.\n",
+        question="\nWhat is the magic number? The magic number is",
+    ),
+}
+
+
+# ------------------------------------------------------------------ settings
+
+
+@dataclass
+class LongContextSettings:
+    """What `evaluate_longctx` measures; every field is also a keyword of it."""
+
+    tasks: tuple[str, ...] = TASKS
+    lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # prompt tokens
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # needle position, 0 = start of the haystack
+    items: int = 2  # per (length, depth) cell
+    distractors: int = 9  # wrong answers the true one is ranked against
+    digits: int = 5  # answer length
+    loss_length: Optional[int] = None  # loss-by-position window; None: the longest length; 0: skip
+    loss_windows: int = 4
+    loss_buckets: int = 12
+    seed: int = 0
+    batch_size: int = 8  # prompts (or loss-by-position windows) per forward pass
+
+    def validate(self) -> "LongContextSettings":
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or not self.tasks:
+            raise ConfigError(f"tasks={','.join(self.tasks)}: choose one or more of {', '.join(TASKS)}")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ConfigError(f"lengths={list(self.lengths)}: need one or more context lengths >= 1 token")
+        for key in ("tasks", "lengths", "depths"):
+            if len(set(getattr(self, key))) != len(getattr(self, key)):
+                raise ConfigError(f"{key}={list(getattr(self, key))}: has repeats")
+        if not self.depths or not all(0.0 <= d <= 1.0 for d in self.depths):
+            raise ConfigError(f"depths={list(self.depths)}: need one or more needle depths in [0, 1]")
+        if not 1 <= self.digits <= 18:
+            raise ConfigError(f"digits={self.digits}: must be in [1, 18]")
+        if not 1 <= self.distractors < 9 * 10 ** (self.digits - 1):
+            raise ConfigError(f"distractors={self.distractors}: must be >= 1 and fewer than the {self.digits}-digit numbers")
+        for key in ("items", "loss_buckets", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)}: must be >= 1")
+        if self.loss_windows < 0 or (self.loss_length is not None and self.loss_length < 0):
+            raise ConfigError("loss_length and loss_windows: must be >= 0 (0 skips loss by position)")
+        return self
+
+    @property
+    def loss_tokens(self) -> int:
+        """Positions scored by loss by position (0: skipped)."""
+        length = max(self.lengths) if self.loss_length is None else self.loss_length
+        return length if self.loss_windows else 0
+
+
+def make_settings(settings: Optional[LongContextSettings] = None, **options: Any) -> LongContextSettings:
+    """`settings` (default: the defaults) with `options` replacing fields, validated."""
+    names = {f.name for f in dataclasses.fields(LongContextSettings)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown long-context option; allowed: {', '.join(sorted(names))}")
+    if isinstance(options.get("tasks"), str):
+        options["tasks"] = [t.strip() for t in options["tasks"].split(",") if t.strip()]
+    options = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in options.items()}
+    return dataclasses.replace(settings or LongContextSettings(), **options).validate()
+
+
+# ------------------------------------------------------------------ items
+
+
+@dataclass
+class Item:
+    task: str
+    length: int
+    depth: float
+    index: int
+    prompt: np.ndarray  # (length,) token ids
+    needle_at: int  # token index where the needle starts in the prompt
+    answer: str
+    candidates: list[list[int]] = field(repr=False)  # token ids; candidates[0] is the true answer
+
+
+def _answers(rng: np.random.Generator, digits: int, count: int) -> list[str]:
+    """`count` distinct numbers of exactly `digits` digits (no leading zero)."""
+    low, high = 10 ** (digits - 1), 10**digits
+    chosen: list[int] = []
+    while len(chosen) < count:
+        value = int(rng.integers(low, high))
+        if value not in chosen:
+            chosen.append(value)
+    return [str(v) for v in chosen]
+
+
+class Filler:
+    """The passkey haystack: one paragraph's tokens repeated, read like a `TokenSplit`."""
+
+    def __init__(self, tokenizer, text: str, length: int):
+        unit = np.asarray(tokenizer.encode_batch([text])[0], dtype=np.int64)
+        self.stream = np.tile(unit, length // len(unit) + 2)
+        self.num_tokens = len(self.stream)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        return self.stream[start:stop]
+
+
+def haystack_source(tokenizer, task: str, validation, length: int):
+    """What the haystacks of `task` are cut from (`num_tokens`, `tokens(start, stop)`): the validation
+    split, or the task's filler repeated past `length` tokens."""
+    filler = TASK_TEXT[task].filler
+    return validation if filler is None else Filler(tokenizer, filler, length)
+
+
+def build_items(tokenizer, task: str, source, settings: LongContextSettings) -> list[Item]:
+    """Every item of `task`, cell by cell (length-major, then depth, then item index); haystacks are cut
+    from `source` (`haystack_source`)."""
+    text = TASK_TEXT[task]
+    items = []
+    for length in settings.lengths:
+        for index in range(settings.items):
+            rng = np.random.default_rng([settings.seed, _TASK_STREAM[task], length, index])
+            answers = _answers(rng, settings.digits, settings.distractors + 1)
+            needle, question, *candidates = tokenizer.encode_batch(
+                [text.needle.format(answer=answers[0]), text.question] + [" " + a for a in answers]
+            )
+            hay_len = length - len(needle) - len(question)
+            if hay_len < 1:
+                raise ConfigError(
+                    f"lengths: {length} tokens cannot hold the {task} needle and question "
+                    f"({len(needle) + len(question)} tokens with this tokenizer)"
+                )
+            if hay_len > source.num_tokens:
+                raise ConfigError(
+                    f"{task}: the validation split has {source.num_tokens} tokens, fewer than the {hay_len} "
+                    f"of a {length}-token haystack"
+                )
+            start = int(rng.integers(0, source.num_tokens - hay_len + 1))
+            hay = np.asarray(source.tokens(start, start + hay_len), dtype=np.int64)
+            for depth in settings.depths:
+                at = int(round(depth * hay_len))
+                prompt = np.concatenate([hay[:at], needle, hay[at:], question]).astype(np.int64)
+                items.append(Item(task, length, depth, index, prompt, at, answers[0], candidates))
+    items.sort(key=lambda it: (it.length, settings.depths.index(it.depth), it.index))
+    return items
+
+
+def items_fingerprint(items: Sequence[Item]) -> str:
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(item.prompt.tobytes())
+        for candidate in item.candidates:
+            digest.update(np.asarray(candidate, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ scoring
+
+
+def greedy_along(answer: Sequence[int], argmax: Sequence[int]) -> list[int]:
+    """What greedy decoding emits, given the argmax after each prefix of the true answer (len(answer) + 1
+    of them): the argmaxes up to and including the first that leaves the answer (or the one after it)."""
+    emitted = []
+    for k, token in enumerate(argmax):
+        emitted.append(int(token))
+        if k == len(answer) or token != answer[k]:
+            break
+    return emitted
+
+
+def rank_of_true(scores: Sequence[float]) -> float:
+    """Rank of scores[0] among all scores, higher is better: 1 + better + ties / 2."""
+    true, others = scores[0], np.asarray(scores[1:])
+    return 1.0 + float((others > true).sum()) + 0.5 * float((others == true).sum())
+
+
+class _PrefixAttention(nn.Module):
+    """Stands in for one `ropelab.model.Attention` while prompts are scored. The first forward (the
+    prompts) is ordinary causal attention and keeps the rotated keys and values; the second (each
+    prompt's answer candidates laid side by side in one row, every candidate at the positions right
+    after its prompt) attends to those keys and values plus the keys of its own row as
+    `suffix_mask` allows: the KV cache the model itself does not have, so a candidate costs its own
+    few tokens instead of another pass over the whole prompt."""
+
+    def __init__(self, attention: nn.Module, suffix_mask: torch.Tensor):
+        super().__init__()
+        self.inner = attention
+        self.suffix_mask = suffix_mask  # (T, P + T) bool: which prompt and row keys each row token sees
+        self.keys: Optional[torch.Tensor] = None
+        self.values: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None) -> torch.Tensor:
+        a = self.inner
+        B, T, _ = x.shape
+        q = a.q_norm(a.q_proj(x).view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
+        k = a.k_norm(a.k_proj(x).view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)
+        v = a.v_proj(x).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
+        q, k = a.rope(q, k, position_ids)
+        if self.keys is None:
+            self.keys, self.values = k, v
+            y = attend(q, k, v)
+        else:
+            k, v = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.suffix_mask, enable_gqa=a.n_head != a.n_kv_head)
+        return a.o_proj(y.transpose(1, 2).reshape(B, T, a.n_head * a.head_dim))
+
+
+@contextmanager
+def _prefix_cache(model, suffix_mask: torch.Tensor):
+    blocks = list(getattr(model, "blocks", []))
+    originals = [block.attn for block in blocks]
+    try:
+        for block in blocks:
+            block.attn = _PrefixAttention(block.attn, suffix_mask)
+        yield
+    finally:
+        for block, attention in zip(blocks, originals):
+            block.attn = attention
+
+
+def candidate_slots(candidates: Sequence[Sequence[Sequence[int]]], pad_id: int) -> torch.Tensor:
+    """(N, C, A) token ids: candidate c of prompt n, padded with `pad_id` to the longest, A."""
+    width = max(len(c) for row in candidates for c in row)
+    slots = torch.full((len(candidates), len(candidates[0]), width), pad_id, dtype=torch.long)
+    for n, row in enumerate(candidates):
+        for c, candidate in enumerate(row):
+            slots[n, c, : len(candidate)] = torch.tensor(candidate, dtype=torch.long)
+    return slots
+
+
+@torch.no_grad()
+def candidate_logits(model, prompts: np.ndarray, slots: torch.Tensor, device="cpu") -> torch.Tensor:
+    """Logits (N, C, A + 1, V) for prompts (N, L) and their candidates `slots` (N, C, A): [n, c, 0]
+    after prompt n, [n, c, k] after its candidate c's first k tokens (past a candidate's end: padding).
+    `model` needs `hidden_states(ids, position_ids)`, `lm_head` and (optionally) `blocks[i].attn`."""
+    (N, L), (_, C, A) = prompts.shape, slots.shape
+    positions = (L + torch.arange(A)).repeat(C).expand(N, C * A)
+    slot = torch.arange(C * A)
+    own_past = (slot[:, None] // A == slot[None, :] // A) & (slot[:, None] >= slot[None, :])
+    suffix_mask = torch.cat([torch.ones(C * A, L, dtype=torch.bool), own_past], dim=1).to(device)
+    with _prefix_cache(model, suffix_mask):
+        last = model.hidden_states(torch.from_numpy(prompts).to(device))[:, -1:]  # (N, 1, d_model)
+        hidden = model.hidden_states(slots.flatten(1).to(device), position_ids=positions.to(device))  # (N, C*A, d_model)
+    hidden = torch.cat([last[:, None].expand(N, C, 1, -1), hidden.view(N, C, A, -1)], dim=2)  # (N, C, A + 1, d_model)
+    return model.lm_head(hidden).float()
+
+
+def score_items(model, items: Sequence[Item], decode, pad_id: int, batch_size: int = 8, device="cpu") -> list[dict]:
+    """Rank, exact match and greedy output of each item; items of one length, `batch_size` prompts per pass."""
+    results = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        slots = candidate_slots([item.candidates for item in chunk], pad_id)
+        logits = candidate_logits(model, np.stack([item.prompt for item in chunk]), slots, device)  # (N, C, A + 1, V)
+        lengths = torch.tensor([[len(c) for c in item.candidates] for item in chunk])
+        valid = torch.arange(slots.shape[2]) < lengths[..., None]  # (N, C, A)
+        token_logprobs = F.log_softmax(logits[:, :, :-1], dim=-1).gather(-1, slots.to(logits.device)[..., None])[..., 0]
+        scores = (token_logprobs.cpu() * valid).sum(-1)  # (N, C): summed log-probability of each candidate
+        greedy = logits[:, 0].argmax(-1).cpu()  # (N, A + 1), along the true answer
+        for n, item in enumerate(chunk):
+            answer = item.candidates[0]
+            emitted = greedy_along(answer, greedy[n, : len(answer) + 1].tolist())
+            exact = len(emitted) == len(answer) + 1 and not decode(emitted[-1:])[:1].isdigit()
+            rank = rank_of_true(scores[n].tolist())
+            results.append({
+                "index": item.index, "answer": item.answer, "generated": decode(emitted), "exact_match": bool(exact),
+                "rank": rank, "top1": rank == 1.0, "needle_at": item.needle_at,
+            })
+    return results
+
+
+def summarize_cell(results: Sequence[dict]) -> dict:
+    return {
+        "exact_match": float(np.mean([r["exact_match"] for r in results])),
+        "mrr": float(np.mean([1.0 / r["rank"] for r in results])),
+        "acc_at_1": float(np.mean([r["top1"] for r in results])),
+        "mean_rank": float(np.mean([r["rank"] for r in results])),
+    }
+
+
+# ------------------------------------------------------------------ loss by position
+
+
+def log_buckets(length: int, count: int) -> np.ndarray:
+    """Edges e_0 = 1 < ... < e_k = length + 1 of log-spaced buckets [e_j, e_j+1) over positions 1..length."""
+    edges = np.unique(np.round(np.geomspace(1, length + 1, count + 1)).astype(np.int64))
+    edges[0], edges[-1] = 1, length + 1
+    return edges
+
+
+def documents(split) -> tuple[np.ndarray, np.ndarray]:
+    """(first stream position, length) of every document of a `TokenSplit`."""
+    starts = [np.asarray(s.doc_offsets[:-1], dtype=np.int64) + base for s, base in zip(split.shards, split.token_bases)]
+    lengths = [np.diff(np.asarray(s.doc_offsets, dtype=np.int64)) for s in split.shards]
+    return np.concatenate(starts), np.concatenate(lengths)
+
+
+def position_windows(split, length: int, count: int, seed: int) -> tuple[np.ndarray, int]:
+    """(count, length + 1) validation token windows starting at document starts, and how many lie in one document."""
+    starts, lengths = documents(split)
+    long_docs = np.flatnonzero(lengths >= length + 1)
+    fits = np.flatnonzero(starts + length + 1 <= split.num_tokens)
+    rng = np.random.default_rng([seed, 0])
+    chosen = list(rng.permutation(long_docs)[:count])
+    chosen += list(rng.permutation(np.setdiff1d(fits, chosen))[: count - len(chosen)])
+    windows = np.stack([split.tokens(starts[d], starts[d] + length + 1) for d in chosen])
+    return windows, min(len(long_docs), count)
+
+
+@torch.no_grad()
+def loss_by_position(model, windows: np.ndarray, batch_size: int, device="cpu", chunk: int = 1024) -> np.ndarray:
+    """Mean next-token loss at each position 1..L of (N, L + 1) windows, over windows: shape (L,)."""
+    total = torch.zeros(windows.shape[1] - 1, dtype=torch.float64)
+    for start in range(0, len(windows), batch_size):
+        batch = torch.from_numpy(windows[start : start + batch_size]).to(device)
+        hidden = model.hidden_states(batch[:, :-1])
+        for p in range(0, hidden.shape[1], chunk):  # logits of a few positions at a time: (B, chunk, V)
+            logits = model.lm_head(hidden[:, p : p + chunk]).float()
+            targets = batch[:, 1 + p : 1 + p + chunk]
+            losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+            total[p : p + chunk] += losses.sum(0).double().cpu()
+    return (total / len(windows)).numpy()
+
+
+def bucket_means(per_position: np.ndarray, edges: np.ndarray) -> list[dict]:
+    """Mean of per-position losses (positions 1..L) in each bucket [start, end)."""
+    return [
+        {"start": int(a), "end": int(b), "loss": float(per_position[a - 1 : b - 1].mean())}
+        for a, b in zip(edges[:-1], edges[1:])
+    ]
+
+
+# ------------------------------------------------------------------ runs
+
+
+@dataclass
+class _Run:
+    path: str
+    label: str
+    config: Any
+    tokenizer: Any
+    validation: Any  # TokenSplit
+    items: dict[str, list[Item]]
+
+
+def _device(name: Optional[str]) -> torch.device:
+    if name and name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -> _Run:
+    """Everything about one run that can be checked without its weights; ConfigError on any problem."""
+    from ropelab.data.pipeline import open_token_folder, token_folder
+    from ropelab.data.tokenizer import load_tokenizer
+    from ropelab.data.tokens import open_split
+    from ropelab.evaluate.interchange import resolve_checkpoint
+    from ropelab.train.loop import load_run_config
+
+    run_dir, _ = resolve_checkpoint(run)
+    config = load_run_config(run_dir)
+    data = config.data
+    key = (data.tokenizer, data.corpus, data.val_percent)
+    if key not in cache:
+        tokenizer = load_tokenizer(*key)
+        folder = token_folder(config)
+        manifest = open_token_folder(folder, "sizes")
+        if not manifest["splits"]["validation"]["tokens"]:
+            raise ConfigError(f"{run}: the validation split of {folder} is empty (data.corpus={data.corpus!r})")
+        validation = open_split(folder, "validation", manifest)
+        items = {}
+        for task in settings.tasks:
+            source = haystack_source(tokenizer, task, validation, max(settings.lengths))
+            items[task] = build_items(tokenizer, task, source, settings)
+        cache[key] = (tokenizer, validation, items)
+    tokenizer, validation, items = cache[key]
+    longest = max(len(it.prompt) + len(c) for task_items in items.values() for it in task_items for c in it.candidates)
+    limit = config.model.max_seq_len
+    if longest > limit:
+        raise ConfigError(
+            f"{run}: prompts of up to {max(settings.lengths)} tokens plus the answer need {longest} positions, "
+            f"beyond the model's max_seq_len {limit}; use lengths up to {limit - (longest - max(settings.lengths))}"
+        )
+    if settings.loss_tokens > limit:
+        raise ConfigError(f"{run}: loss_length {settings.loss_tokens} is beyond the model's max_seq_len {limit}")
+    if settings.loss_tokens + 1 > validation.num_tokens:
+        raise ConfigError(
+            f"{run}: loss_length {settings.loss_tokens} needs {settings.loss_tokens + 1} validation tokens, "
+            f"the split has {validation.num_tokens}"
+        )
+    return _Run(str(run), label, config, tokenizer, validation, items)
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]longctx[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        disable=not enabled,
+    )
+
+
+def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device, progress, task_id) -> dict:
+    from ropelab.evaluate.interchange import load_model, resolve_checkpoint
+
+    started = time.time()
+    model, _ = load_model(run.path)
+    model = model.to(device)
+    tokenizer, config = run.tokenizer, run.config
+    entry: dict[str, Any] = {
+        "label": run.label, "run": run.path, "checkpoint": str(resolve_checkpoint(run.path)[1]),
+        "rope_theta": config.model.rope.theta, "rotary_dims": model.ropes[0].rotary_dims,
+        "head_dim": config.model.head_size, "train_seq_len": config.data.seq_len,
+        "max_seq_len": config.model.max_seq_len, "tokenizer": config.data.tokenizer, "tasks": {},
+    }
+    for task, items in run.items.items():
+        cells = []
+        for length in settings.lengths:
+            progress.update(task_id, description=f"{run.label} {task} {length} tokens")
+            same_length = [it for it in items if it.length == length]
+            scored = score_items(model, same_length, tokenizer.decode, tokenizer.eos_id, settings.batch_size, device)
+            for depth in settings.depths:
+                results = [r for it, r in zip(same_length, scored) if it.depth == depth]
+                cells.append({"length": length, "depth": depth, **summarize_cell(results), "items": results})
+            progress.advance(task_id)
+        every = [r for cell in cells for r in cell["items"]]
+        entry["tasks"][task] = {"items_fingerprint": items_fingerprint(items), **summarize_cell(every), "cells": cells}
+    if settings.loss_tokens:
+        progress.update(task_id, description=f"{run.label} loss by position")
+        windows, single = position_windows(run.validation, settings.loss_tokens, settings.loss_windows, settings.seed)
+        per_position = loss_by_position(model, windows, settings.batch_size, device)
+        train_len = config.data.seq_len
+        entry["loss_by_position"] = {
+            "length": settings.loss_tokens, "windows": len(windows), "single_document_windows": single,
+            "buckets": bucket_means(per_position, log_buckets(settings.loss_tokens, settings.loss_buckets)),
+            "loss_within_train_len": float(per_position[:train_len].mean()),
+            "loss_beyond_train_len": float(per_position[train_len:].mean()) if settings.loss_tokens > train_len else None,
+        }
+        progress.advance(task_id)
+    entry["seconds"] = round(time.time() - started, 2)
+    return entry
+
+
+def evaluate_longctx(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    settings: Optional[LongContextSettings] = None,
+    *,
+    device: Optional[str] = None,
+    progress: bool = True,
+    **options: Any,
+) -> dict:
+    """Passkey and needle retrieval over lengths x depths, and loss by position, for each run (run dir,
+    checkpoint or imported folder). `options` override fields of `settings` (`LongContextSettings`).
+    Writes longctx.json, longctx.md, longctx_heatmap.png and loss_by_position.png into `out_dir` and
+    returns the longctx.json content."""
+    from ropelab.evaluate.lm_eval_report import run_labels
+    from ropelab.evaluate.longctx_report import check_out_dir, write_reports
+
+    settings = make_settings(settings, **options)
+    if not run_dirs:
+        raise ConfigError("no run given")
+    check_out_dir(out_dir)
+    torch_device = _device(device)
+    labels = run_labels([str(r) for r in run_dirs])
+    cache: dict = {}
+    runs = [_prepare(str(r), label, settings, cache) for r, label in zip(run_dirs, labels)]
+
+    steps = len(settings.tasks) * len(settings.lengths) + (1 if settings.loss_tokens else 0)
+    entries = []
+    with _progress(progress) as bar:
+        task_id = bar.add_task("", total=steps * len(runs))
+        for run in runs:
+            entries.append(_evaluate_run(run, settings, torch_device, bar, task_id))
+    results = {"settings": dataclasses.asdict(settings), "runs": entries}
+    write_reports(results, out_dir)
+    return results
+
+
+__all__ = [
+    "TASKS", "LongContextSettings", "make_settings", "Item", "Filler", "haystack_source", "build_items",
+    "items_fingerprint", "greedy_along", "rank_of_true", "candidate_slots", "candidate_logits", "score_items",
+    "summarize_cell", "log_buckets", "documents", "position_windows", "loss_by_position", "bucket_means",
+    "evaluate_longctx",
+]
