@@ -85,9 +85,10 @@ def _vocab_from_weights(weights: Path) -> int:
         return int(f.get_slice("embed.weight").get_shape()[0])
 
 
-def load_model(path: str | Path) -> tuple[Transformer, RunConfig]:
-    """The model of a run (its latest complete checkpoint), of one checkpoint folder, or of an imported
-    folder, with the run's configuration. fp32 on the CPU, eval mode."""
+def checkpoint_config(path: str | Path) -> tuple[RunConfig, Path]:
+    """(the configuration the trainer held at the checkpoint, the checkpoint folder) for a run, a
+    checkpoint or an imported folder: for a multi-phase run, that phase's config (its RoPE theta,
+    sequence length, ...)."""
     from ropelab.train.loop import load_run_config
 
     run_dir, folder = resolve_checkpoint(path)
@@ -97,9 +98,15 @@ def load_model(path: str | Path) -> tuple[Transformer, RunConfig]:
         raise ConfigError(f"{folder}: no model.safetensors")
     if config.model.vocab_size is None:  # config.yaml written before the vocabulary was known
         config.model.vocab_size = _vocab_from_weights(weights)
-    config = _config_at(config, folder)
+    return _config_at(config, folder), folder
+
+
+def load_model(path: str | Path) -> tuple[Transformer, RunConfig]:
+    """The model of a run (its latest complete checkpoint), of one checkpoint folder, or of an imported
+    folder, with its configuration (`checkpoint_config`). fp32 on the CPU, eval mode."""
+    config, folder = checkpoint_config(path)
     model = Transformer(config.model)
-    ckpt.load_model_state(model, weights)
+    ckpt.load_model_state(model, folder / "model.safetensors")
     return model.eval(), config
 
 

@@ -426,11 +426,9 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
     from ropelab.data.pipeline import open_token_folder, token_folder
     from ropelab.data.tokenizer import load_tokenizer
     from ropelab.data.tokens import open_split
-    from ropelab.evaluate.interchange import resolve_checkpoint
-    from ropelab.train.loop import load_run_config
+    from ropelab.evaluate.interchange import checkpoint_config
 
-    run_dir, _ = resolve_checkpoint(run)
-    config = load_run_config(run_dir)
+    config, _ = checkpoint_config(run)  # of the checkpoint's phase: its theta and training length
     data = config.data
     key = (data.tokenizer, data.corpus, data.val_percent)
     if key not in cache:

@@ -324,7 +324,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 if step % ptc.eval_every == 0 or step == phase.end:
                     last_val = evaluate_loss(forward, val_loader, pc, device)
                     row["val_loss"] = last_val
-                if step == phase.end:
+                if step == phase.end and len(phases) > 1:
                     phase_results.append({"name": phase.name, "end_step": step, "val_loss": last_val})
                 if metrics and (step % ptc.log_every == 0 or "val_loss" in row or reason):
                     metrics.write(row)
