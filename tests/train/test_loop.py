@@ -119,3 +119,17 @@ def test_tiny_llama_preset_trains_from_the_cli(tmp_path):
                  "data.tokenizer=bytes", "data.seq_len=64", "train.steps=3", "train.micro_batch=2", "train.eval_batches=1"])
     assert code == 0
     assert json.loads((tmp_path / "r" / "result.json").read_text())["steps"] == 3
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, tiny_overrides):
+    def interrupt_at_step_3(row):
+        if row["step"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-loop; the step in progress completes
+
+    with pytest.raises(KeyboardInterrupt):
+        train(build_run_config(overrides=tiny_overrides), tmp_path / "run", callbacks=(interrupt_at_step_3,))
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000003"
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+    train(out_dir=tmp_path / "run", resume=True)
+    train(build_run_config(overrides=tiny_overrides), tmp_path / "reference")
+    assert losses(tmp_path / "run") == losses(tmp_path / "reference")

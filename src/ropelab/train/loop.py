@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -155,6 +157,29 @@ class _SkipGuard:
         return self.consecutive >= self.max_bad
 
 
+class _GracefulStop:
+    """The first Ctrl-C (SIGINT) asks the loop to stop after the step in progress, with a checkpoint
+    (every rank stops at the same step); a second one interrupts at once, saving nothing."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def requested_on_any_rank(self, env: DistEnv, device: torch.device) -> bool:
+        return not env.all_true(not self.requested, device)
+
+    def close(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def train(
     config: Optional[RunConfig] = None,
     out_dir: str | Path = "runs/default",
@@ -271,6 +296,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end)
 
     progress = _progress(tc.progress and env.is_main)
+    stop = _GracefulStop()
     phase = phase_at(phases, step)
     try:
         with progress:
@@ -342,11 +368,12 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
                 progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}"
                                 f"{val_text} {row['tokens_per_s']:,.0f} tok/s{mfu_text}")
-    except KeyboardInterrupt:
-        if step > start_step and ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
-            save(step, phase)
-        raise
+                if stop.requested_on_any_rank(env, device):
+                    if ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
+                        save(step, phase)
+                    raise KeyboardInterrupt
     finally:
+        stop.close()
         if metrics:
             metrics.close()
 
