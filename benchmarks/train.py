@@ -4,16 +4,21 @@
     python benchmarks/train.py --steps 8 --precisions fp32 --threads 1
 
 One step = forward (with loss), backward, AdamW step, zero_grad. Both models hold the same weights
-(`ropelab.evaluate.hf.to_hf`, sdpa attention) and see the same batch; their steps alternate, so
-both meet the same machine load. Figures are tokens/s from the median step time.
+(`ropelab.evaluate.hf.to_hf`, sdpa attention), see the same batch and use the same optimizer:
+`ropelab.train.optim.build_optimizer`, i.e. fused AdamW (HF's Trainer also defaults to fused AdamW,
+"adamw_torch_fused", with torch >= 2.8). Their steps alternate, so both meet the same machine load.
+`--compile` wraps both models in torch.compile (default: eager). Figures are tokens/s from the
+median step time, and MFU: `Transformer.flops_per_token` (6N + attention) x tokens/s over the CPU's
+measured matrix-product peak in the step's precision (`ropelab.train.throughput.peak_flops`).
 
 Shapes:
   tiny-llama   the ropelab preset (4 layers, d_model 128, 2 heads, 1 kv head, head_dim 64, d_ff 384,
                tied embeddings) with vocab 4096
   llama-256    4 layers, d_model 256, 4 heads (head_dim 64), d_ff 704, vocab 4096
 Batch 8 x 512 tokens for both in fp32. bf16 autocast is far slower on CPUs without AVX512-BF16/AMX
-(oneDNN has no bf16 there: torch.ops.mkldnn._is_mkldnn_bf16_supported() is False), so by default it runs 2 x 512 tokens and fewer steps (`--bf16-batch`,
-`--bf16-steps`) to keep the whole run to about 3 minutes on 2 cores; both models still share the batch.
+(oneDNN has no bf16 there: torch.ops.mkldnn._is_mkldnn_bf16_supported() is False), so by default it
+runs 2 x 512 tokens and fewer steps (`--bf16-batch`, `--bf16-steps`) to keep the whole run to a few
+minutes on 2 cores; both models still share the batch.
 RoPE fraction 1.0 (HF Llama rotates every channel); `--fractions` adds ropelab-only fp32 runs at other
 fractions (HF's Llama cannot rotate a fraction).
 Prints a table, the ratios, then ONE JSON line with every figure.
@@ -30,9 +35,11 @@ import time
 
 import torch
 
-from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
+from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig, TrainConfig
 from ropelab.evaluate.hf import to_hf
 from ropelab.model import Transformer
+from ropelab.train.optim import build_optimizer
+from ropelab.train.throughput import peak_flops
 
 VOCAB = 4096
 SHAPES = {
@@ -42,11 +49,14 @@ SHAPES = {
 }
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
 
-def make_steps(config: ModelConfig, batch: int, seq: int, precision: str, with_hf: bool):
+def make_steps(config: ModelConfig, batch: int, seq: int, precision: str, with_hf: bool, compile_models: bool):
     """Step functions (name -> callable) for one shape; the models share weights at the start."""
     torch.manual_seed(0)
     ours = Transformer(config).train()
@@ -54,11 +64,13 @@ def make_steps(config: ModelConfig, batch: int, seq: int, precision: str, with_h
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, VOCAB, (batch, seq + 1), generator=gen)
     inputs, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    opt = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    optim_config = TrainConfig(lr=1e-4)
+    opt = build_optimizer(ours, optim_config)
+    ours_forward = torch.compile(ours) if compile_models else ours
 
     def ropelab_step():
         with autocast(precision):
-            _, loss = ours(inputs, targets)
+            _, loss = ours_forward(inputs, targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -67,11 +79,12 @@ def make_steps(config: ModelConfig, batch: int, seq: int, precision: str, with_h
     steps["ropelab"] = ropelab_step
     if with_hf:
         theirs = to_hf(ours, attn_implementation="sdpa").train()
-        hf_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
+        hf_opt = build_optimizer(theirs, optim_config)
+        theirs_forward = torch.compile(theirs) if compile_models else theirs
 
         def hf_step():
             with autocast(precision):
-                loss = theirs(input_ids=inputs, labels=inputs).loss  # HF shifts the labels itself
+                loss = theirs_forward(input_ids=inputs, labels=inputs).loss  # HF shifts the labels itself
             loss.backward()
             hf_opt.step()
             hf_opt.zero_grad(set_to_none=True)
@@ -91,24 +104,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7, help="timed fp32 steps per model (median)")
     parser.add_argument("--bf16-batch", type=int, default=2)
     parser.add_argument("--bf16-steps", type=int, default=3, help="timed bf16 steps per model (median)")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per model (compile: at least 2)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compile:
+        args.warmup = max(args.warmup, 2)
     results = {}
     print(f"fp32: batch {args.batch} x {args.seq}, median of {args.steps} steps; bf16 autocast: batch "
           f"{args.bf16_batch} x {args.seq}, median of {args.bf16_steps} steps; {args.warmup} warm-up step(s); "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"{'shape':<11} {'precision':<9} {'model':<16} {'step s':>8} {'tokens/s':>10}")
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, fused AdamW (both), "
+          f"{'torch.compile (both)' if args.compile else 'eager'}")
+    # MFU against this CPU's measured matrix-product peak in the step's precision (same model FLOPs
+    # for both libraries: the shapes are equal).
+    peaks = {precision: peak_flops("cpu", DTYPES[precision]) for precision in args.precisions}
+    for precision, (peak, source) in peaks.items():
+        print(f"peak {precision}: {peak / 1e9:.1f} GFLOP/s ({source})")
+    print(f"{'shape':<11} {'precision':<9} {'model':<16} {'step s':>8} {'tokens/s':>10} {'MFU':>6}")
     for shape in args.shapes:
+        flops_per_token = Transformer(SHAPES[shape]()).flops_per_token(args.seq)
         for precision in args.precisions:
             batch, n_steps = (args.bf16_batch, args.bf16_steps) if precision == "bf16" else (args.batch, args.steps)
             tokens = batch * args.seq
-            steps = make_steps(SHAPES[shape](), batch, args.seq, precision, with_hf=True)
+            steps = make_steps(SHAPES[shape](), batch, args.seq, precision, True, args.compile)
             for fraction in args.fractions if precision == "fp32" else []:
                 config = dataclasses.replace(SHAPES[shape](), rope=RopeConfig(fraction=fraction))
-                steps[f"ropelab@{fraction:g}"] = make_steps(config, batch, args.seq, precision, False)["ropelab"]
+                extra = make_steps(config, batch, args.seq, precision, False, args.compile)
+                steps[f"ropelab@{fraction:g}"] = extra["ropelab"]
             times = {name: [] for name in steps}
             for i in range(args.warmup + n_steps):
                 names = list(steps)
@@ -120,9 +144,10 @@ def main() -> None:
                         times[name].append(elapsed)
             for name, ts in times.items():
                 median = statistics.median(ts)
+                mfu = flops_per_token * tokens / median / peaks[precision][0]
                 results[f"{shape}/{precision}/{name}"] = {"batch": batch, "step_s": round(median, 4),
-                                                          "tokens_per_s": round(tokens / median, 1)}
-                print(f"{shape:<11} {precision:<9} {name:<16} {median:8.3f} {tokens / median:10.0f}")
+                                                          "tokens_per_s": round(tokens / median, 1), "mfu": round(mfu, 4)}
+                print(f"{shape:<11} {precision:<9} {name:<16} {median:8.3f} {tokens / median:10.0f} {mfu:6.1%}")
     ratios = {}
     for shape in args.shapes:
         for precision in args.precisions:
@@ -137,7 +162,9 @@ def main() -> None:
         label = "ropelab / HF" if key.count("/") == 1 else "bf16 / fp32"
         target = "   target >= 1.2" if key.endswith("bf16") and key.count("/") == 1 else ""
         print(f"  {key:<34} {label:<13} {value:.2f}x{target}")
-    print(json.dumps({"benchmark": "train", "seq": args.seq, "threads": torch.get_num_threads(),
+    print(json.dumps({"benchmark": "train", "seq": args.seq, "threads": torch.get_num_threads(), "compile": args.compile,
+                      "optimizer": "fused AdamW (build_optimizer), both",
+                      "peak_flops": {precision: peak for precision, (peak, _) in peaks.items()},
                       "steps": {"fp32": args.steps, "bf16": args.bf16_steps}, "torch": torch.__version__,
                       "results": results, "ratios": ratios}))
 

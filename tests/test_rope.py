@@ -242,7 +242,6 @@ def test_long_context_angles_with_table_cache():
 def test_rope_cache_bytes(fraction, layer1_fraction, cache, T, T2):
     rope_layers = {} if layer1_fraction is None else {1: {"fraction": layer1_fraction}}
     model = _tiny(RopeConfig(fraction=fraction, cache=cache), rope_layers=rope_layers)
-    head_dim = model.config.head_size
     assert model.rope_cache_bytes() == 0
     seen = 0
     for length in (T, T2):

@@ -1,5 +1,7 @@
 """The in-place partial RoPE fast path (`PartialRotary`, picked by `RotaryEmbedding.forward`) against
-the out-of-place reference `apply_partial_rope`: values, gradients, pass-through channels, fallbacks."""
+the out-of-place reference `apply_partial_rope`: values, gradients, pass-through channels, fallbacks.
+The CPU rotation runs on the C kernel (`rope_cpu`) or, with it switched off, the torch path: both are
+tested (fixture `cpu_kernel`)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ropelab import rope_cpu
 from ropelab.config import ModelConfig, RopeConfig
 from ropelab.model import Transformer
-from ropelab.rope import RotaryEmbedding, apply_partial_rope, partial_rotary, rope_angles, rotate_
+from ropelab.rope import RotaryEmbedding, apply_partial_rope, partial_rotary, rope_angles, rotate, rotate_
 
 B, T, C, H, K, D = 2, 13, 24, 4, 2, 32
 FRACTIONS = {"nope": {"fraction": 0.0}, "2dims": {"rotary_dims": 2}, "0.1": {"fraction": 0.1},
              "0.25": {"fraction": 0.25}, "0.5": {"fraction": 0.5}, "1.0": {"fraction": 1.0}}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=2e-2)}
+
+
+@pytest.fixture(params=["c", "torch"])
+def cpu_kernel(request, monkeypatch):
+    """Run the test on the C kernel (skipped where it cannot be built) or on the torch path."""
+    if request.param == "torch":
+        monkeypatch.setattr(rope_cpu, "library", lambda: None)
+    elif not rope_cpu.available():
+        pytest.skip("no C compiler: the CPU kernel is unavailable")
+    return request.param
 
 
 def _rope(spec: str, layout: str, cache: str) -> RotaryEmbedding:
@@ -80,7 +93,7 @@ def _run(spec, layout, cache, dtype, view, fast: bool):
 @pytest.mark.parametrize("cache", ["table", "none"])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("spec", list(FRACTIONS))
-def test_fast_path_matches_reference(spec, layout, cache, view, dtype):
+def test_fast_path_matches_reference(spec, layout, cache, view, dtype, cpu_kernel):
     r, before, fast_out, fast_grads, (gq, gk) = _run(spec, layout, cache, dtype, view, fast=True)
     _, _, ref_out, ref_grads, _ = _run(spec, layout, cache, dtype, view, fast=False)
     for ours, theirs in zip(fast_out + fast_grads, ref_out + ref_grads):
@@ -156,7 +169,7 @@ def test_inplace_false_always_uses_the_reference():
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_forced_inplace_without_grad(layout, dtype):
+def test_forced_inplace_without_grad(layout, dtype, cpu_kernel):
     """inplace=True: inference rotates in place too, with the reference's values."""
     x, wq, wk, positions, _ = _setup(dtype)
     rope = _rope("0.25", layout, "none")
@@ -171,7 +184,7 @@ def test_forced_inplace_without_grad(layout, dtype):
     assert torch.equal(q_out[..., rope.rotary_dims:], ref_q[..., rope.rotary_dims:])
 
 
-def test_backward_copies_an_overlapping_gradient():
+def test_backward_copies_an_overlapping_gradient(cpu_kernel):
     """loss = q.sum() hands backward an expanded (stride 0) gradient: it must not be written into."""
     x, wq, wk, positions, _ = _setup(torch.float32)
     grads = []
@@ -193,6 +206,63 @@ def test_rotate_inverse_undoes_rotate(layout):
     y = rotate_(rotate_(x.clone(), cos, sin, 12, layout), cos, sin, 12, layout, inverse=True)
     torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
     assert torch.equal(y[..., 12:], x[..., 12:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dims", [2, 6, 10, 16, 40, 64])
+def test_cpu_kernel_gives_the_reference_bits(rotary_dims, layout, dtype):
+    """rope_cpu on q and k together (a transposed view and a contiguous tensor, cos/sin broadcast over
+    heads) equals `rotate` bit for bit, forward and inverse; the other channels are not touched.
+    16 and 64 channels use the kernel's unrolled loops, 10 and 40 its general loop."""
+    if not rope_cpu.available():
+        pytest.skip("no C compiler: the CPU kernel is unavailable")
+    g = torch.Generator().manual_seed(rotary_dims)
+    q = torch.randn(2, 9, 3, 64, generator=g).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 1, 9, 64, generator=g).to(dtype)
+    positions = torch.randint(0, 10**6, (2, 9), generator=g)
+    cos, sin = (t.unsqueeze(1) for t in rope_angles(positions, torch.rand(rotary_dims // 2, generator=g)))
+    for inverse in (False, True):
+        q_out, k_out = q.clone().transpose(1, 2).contiguous().transpose(1, 2), k.clone()
+        assert rope_cpu.rotate_((q_out, k_out), cos, sin, rotary_dims, layout, inverse)
+        for out, x in ((q_out, q), (k_out, k)):
+            assert torch.equal(out[..., :rotary_dims], rotate(x[..., :rotary_dims], cos, -sin if inverse else sin, layout))
+            assert torch.equal(out[..., rotary_dims:], x[..., rotary_dims:])
+
+
+def test_cpu_kernel_declines_what_it_cannot_rotate():
+    """Unsupported inputs return False and are left as they were (the caller uses the torch path)."""
+    cos, sin = (t.unsqueeze(1) for t in rope_angles(torch.arange(T).expand(B, T), torch.rand(4)))
+    x = torch.randn(B, H, T, D)
+    cases = {
+        "float64": ((x.double(),), cos, sin, 8),
+        "3-D": ((x[0],), cos[0], sin[0], 8),
+        "channels not contiguous": ((x.transpose(2, 3)[..., :T, :],), cos, sin, 8),
+        "more rotary dims than channels": ((x[..., :6],), cos, sin, 8),
+        "cos/sin of the wrong width": ((x,), cos, sin, 6),
+        "cos/sin that do not broadcast": ((x,), cos[:, :, :5], sin[:, :, :5], 8),
+    }
+    for name, (tensors, c, s, dims) in cases.items():
+        before = [t.clone() for t in tensors]
+        assert not rope_cpu.rotate_(tensors, c, s, dims, "half"), name
+        assert all(torch.equal(t, b) for t, b in zip(tensors, before)), name
+
+
+def test_cpu_kernel_off_or_unbuildable_leaves_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPELAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    rope_cpu.library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="using the torch path"):
+            assert rope_cpu.library() is None
+        monkeypatch.setenv("ROPELAB_CPU_KERNEL", "0")
+        rope_cpu.library.cache_clear()
+        assert not rope_cpu.available()
+        x = torch.randn(1, 2, 3, 8)
+        cos, sin = (t.unsqueeze(1) for t in rope_angles(torch.arange(3)[None], torch.rand(2)))
+        assert not rope_cpu.rotate_((x,), cos, sin, 4, "half")
+    finally:
+        rope_cpu.library.cache_clear()  # the next test builds (or finds) the real kernel again
 
 
 def test_partial_rotary_declines_a_growing_broadcast():
@@ -242,3 +312,23 @@ def test_model_gradients_match_reference_under_bf16_autocast(layout):
     torch.testing.assert_close(loss_fast, loss_ref, rtol=1e-2, atol=1e-2)
     for ours, theirs in zip(grads_fast, grads_ref):
         torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-3)
+
+
+def test_model_compiles_without_graph_breaks():
+    """Under torch.compile RoPE takes the traceable reference (cos/sin from the positions, not the
+    table): the model is one graph (fullgraph=True fails on any break), with the eager loss and
+    gradients. Dynamo with a pass-through backend: the tracing is what is tested, not Inductor."""
+    config = ModelConfig(rope=RopeConfig(fraction=0.25, cache="table"), **TINY)
+    idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    model = Transformer(config)
+    eager_loss = model(idx, idx)[1]
+    eager_grads = torch.autograd.grad(eager_loss, list(model.parameters()))
+    graphs = []
+    compiled = torch.compile(model, backend=lambda gm, inputs: graphs.append(gm) or gm.forward, fullgraph=True)
+    compiled_loss = compiled(idx, idx)[1]
+    compiled_grads = torch.autograd.grad(compiled_loss, list(model.parameters()))
+    assert len(graphs) == 1
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-6, atol=1e-6)
+    for ours, theirs in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

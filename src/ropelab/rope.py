@@ -17,27 +17,32 @@ Two implementations of the same rotation:
     of q and k, in one autograd node, and its backward rotates only the same channels of the
     incoming gradient back (by -angle), in place. Work scales with the fraction; fraction 0
     does nothing. `RotaryEmbedding.forward` picks it when that is safe (see `inplace_target`).
-    float32 ``half`` pairs take four elementwise passes over rotary_dims/2 channels; float32
-    ``interleaved`` pairs are adjacent and take one complex multiplication. Each pass walks
-    every (batch, head, token) row, so at small fractions the per-row cost of eager kernels,
-    not the bytes moved, dominates (see BENCHMARKS.md).
+The in-place rotation itself runs on the fastest kernel that applies (`rotate_qk_`):
+  * CUDA with Triton: `rope_triton`, one kernel for q and k; with the ``table`` cache it looks the
+    positions up in the table itself, with ``none`` it forms the angles from the positions;
+  * CPU: `rope_cpu`, one C loop for q and k (compiled on first use; float32 and bfloat16; off
+    with ROPELAB_CPU_KERNEL=0);
+  * otherwise `rotate_`, eager PyTorch per tensor: ``half`` pairs take four elementwise passes,
+    float32 ``interleaved`` pairs one complex multiplication (see BENCHMARKS.md).
 Under torch.compile the reference is traced (Inductor fuses it) and cos/sin are computed from
 the positions instead of the table, so the model compiles without graph breaks.
-
-Not here: a fused CUDA (Triton) kernel. On GPUs the fast path runs the same PyTorch ops (a few
-kernel launches per call); a Triton kernel could not be tested where this was written, so none
-is shipped.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from ropelab.config import RopeConfig
+from ropelab.rope_cpu import rotate_ as cpu_rotate_
+
+# (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
+Rotation = Callable[..., None]
 
 
 def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optional[int] = None) -> int:
@@ -158,6 +163,34 @@ def rotate_(
     return x
 
 
+@functools.cache
+def triton_kernels():
+    """The sibling module `rope_triton` when CUDA is available and Triton imports, else None.
+
+    Imported by name, not by an import statement, so that Hugging Face exports (which ship this
+    file and what it imports, see `evaluate.remote_code`) neither ship it nor require Triton."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return importlib.import_module(".rope_triton", __package__)
+    except ImportError:
+        return None
+
+
+def rotate_qk_(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int, layout: str = "half",
+    inverse: bool = False,
+) -> None:
+    """Rotate the first `rotary_dims` channels of q and k in place with the fastest kernel that applies:
+    Triton on CUDA, the C loop on CPU (`rope_cpu`), else `rotate_` on each. q and k must not overlap."""
+    triton = triton_kernels() if q.is_cuda else None
+    if triton is not None and triton.supports(q, k):
+        triton.rotate_qk_(q, k, rotary_dims=rotary_dims, layout=layout, inverse=inverse, cos=cos, sin=sin)
+    elif not cpu_rotate_((q, k), cos, sin, rotary_dims, layout, inverse):
+        rotate_(q, cos, sin, rotary_dims, layout, inverse)
+        rotate_(k, cos, sin, rotary_dims, layout, inverse)
+
+
 def _writable(grad: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`grad`, or a copy of it where writing into it in place would be wrong: its elements overlap
     (an expanded gradient, e.g. of a sum) or it shares memory with `other`."""
@@ -168,13 +201,20 @@ def _writable(grad: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch
     return grad
 
 
+def _locate(target: torch.Tensor, geom: Optional[tuple]) -> torch.Tensor:
+    """q (or k) inside `target`: target itself, or the view that `geom` describes."""
+    return target if geom is None else target.as_strided(geom[0], geom[1], target.storage_offset() + geom[2])
+
+
 class PartialRotary(torch.autograd.Function):
     """Rotate the first `rotary_dims` channels of q and k in place, as one autograd node.
 
-    `q_target`/`k_target` are the tensors overwritten and marked dirty; `q_geom`/`k_geom` are
-    None when the target is q (k) itself, or (size, stride, offset) locating q (k), a view, inside
-    its contiguous base, the target. Rotating the base (not the view) keeps autograd from wrapping
-    the node in CopySlices, which would copy the whole gradient in backward.
+    `rotation(q, k, inverse=...)` does the rotation (see `Rotation`; it knows the angles, the
+    rotated channels and the layout). `q_target`/`k_target` are the tensors overwritten and marked
+    dirty; `q_geom`/`k_geom` are None when the target is q (k) itself, or (size, stride, offset)
+    locating q (k), a view, inside its contiguous base, the target. Rotating the base (not the
+    view) keeps autograd from wrapping the node in CopySlices, which would copy the whole gradient
+    in backward.
 
     backward rotates the first `rotary_dims` channels of the incoming gradients by -angle, in
     place; the other channels are passed on untouched. The gradients are written into, as in
@@ -184,31 +224,23 @@ class PartialRotary(torch.autograd.Function):
     `Attention` feeds q and k only to attention, whose gradients are fresh tensors."""
 
     @staticmethod
-    def forward(ctx, q_target, k_target, cos, sin, rotary_dims, layout, q_geom, k_geom):
-        for target, geom in ((q_target, q_geom), (k_target, k_geom)):
-            view = target if geom is None else target.as_strided(geom[0], geom[1], target.storage_offset() + geom[2])
-            rotate_(view, cos, sin, rotary_dims, layout)
+    def forward(ctx, q_target, k_target, rotation, q_geom, k_geom):
+        rotation(_locate(q_target, q_geom), _locate(k_target, k_geom), inverse=False)
         ctx.mark_dirty(q_target, k_target)
-        ctx.save_for_backward(cos, sin)
-        ctx.rotary_dims, ctx.layout, ctx.geoms = rotary_dims, layout, (q_geom, k_geom)
+        ctx.rotation, ctx.geoms = rotation, (q_geom, k_geom)
         return q_target, k_target
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
-        cos, sin = ctx.saved_tensors
         grad_q = _writable(grad_q)
         grad_k = _writable(grad_k, grad_q)
         grads = []
         for grad, geom in zip((grad_q, grad_k), ctx.geoms):
-            if geom is None:
-                rotate_(grad, cos, sin, ctx.rotary_dims, ctx.layout, inverse=True)
-            else:
-                if not grad.is_contiguous():  # the view's geometry assumes the base's (contiguous) strides
-                    grad = grad.contiguous()
-                view = grad.as_strided(geom[0], geom[1], grad.storage_offset() + geom[2])
-                rotate_(view, cos, sin, ctx.rotary_dims, ctx.layout, inverse=True)
+            if geom is not None and not grad.is_contiguous():  # the view's geometry assumes the base's strides
+                grad = grad.contiguous()
             grads.append(grad)
-        return grads[0], grads[1], None, None, None, None, None, None
+        ctx.rotation(*(_locate(grad, geom) for grad, geom in zip(grads, ctx.geoms)), inverse=True)
+        return grads[0], grads[1], None, None, None
 
 
 def inplace_target(x: torch.Tensor) -> Optional[tuple[torch.Tensor, Optional[tuple]]]:
@@ -234,6 +266,11 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def _broadcasts_into(cos: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether cos (..., T, r/2) broadcasts to x's rows without growing them (the result is written into x)."""
+    return x.dim() == cos.dim() and all(c in (1, n) for c, n in zip(cos.shape[:-1], x.shape[:-1]))
+
+
 def partial_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int,
     layout: str = "half", force: bool = False,
@@ -244,11 +281,18 @@ def partial_rotary(
     Without autograd only `force` rotates in place (the caller then owns q and k)."""
     if rotary_dims == 0:
         return q, k
+    if not (_broadcasts_into(cos, q) and _broadcasts_into(cos, k)):
+        return None
+    rotation = functools.partial(rotate_qk_, cos=cos, sin=sin, rotary_dims=rotary_dims, layout=layout)
+    return rotate_in_place(q, k, rotation, force)
+
+
+def rotate_in_place(
+    q: torch.Tensor, k: torch.Tensor, rotation: Rotation, force: bool = False,
+) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """Apply `rotation` to q and k in place when it is safe (see `partial_rotary`); None otherwise."""
     if _shares_memory(q, k):
         return None
-    for x in (q, k):  # cos/sin must broadcast to x's shape, not grow it (the result is written into x)
-        if x.dim() != cos.dim() or any(c not in (1, n) for c, n in zip(cos.shape[:-1], x.shape[:-1])):
-            return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         targets = inplace_target(q), inplace_target(k)
         if None in targets or _shares_memory(targets[0][0], targets[1][0]):
@@ -258,12 +302,13 @@ def partial_rotary(
             return None
         if k_geom is not None and k._view_func(k_target).stride() != k.stride():
             return None
-        q_out, k_out = PartialRotary.apply(q_target, k_target, cos, sin, rotary_dims, layout, q_geom, k_geom)
+        q_out, k_out = PartialRotary.apply(q_target, k_target, rotation, q_geom, k_geom)
         # Views of the rotated bases with q's and k's own shapes (view ops replayed: cheap backward).
         return (q_out if q_geom is None else q._view_func(q_out), k_out if k_geom is None else k._view_func(k_out))
     if not force:
         return None
-    return rotate_(q, cos, sin, rotary_dims, layout), rotate_(k, cos, sin, rotary_dims, layout)
+    rotation(q, k, inverse=False)
+    return q, k
 
 
 class RotaryEmbedding(nn.Module):
@@ -296,6 +341,15 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = inverse_frequencies(self.rotary_dims, self.head_dim, theta, self.config.style)
         self.cos_table = self.sin_table = None
 
+    def _table(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin table, grown to cover every position in position_ids; each (positions, rotary_dims/2)."""
+        needed = int(position_ids.max()) + 1
+        if self.cos_table is None or self.cos_table.shape[0] < needed or self.cos_table.device != position_ids.device:
+            size = max(needed, 0 if self.cos_table is None else self.cos_table.shape[0])
+            positions = torch.arange(size, device=position_ids.device)
+            self.cos_table, self.sin_table = rope_angles(positions, self.inv_freq)
+        return self.cos_table, self.sin_table
+
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for position ids (B, T) -> each (B, 1, T, rotary_dims/2), float32."""
         if self.config.cache == "none" or torch.compiler.is_compiling():
@@ -303,13 +357,23 @@ class RotaryEmbedding(nn.Module):
             # graph; the angles of the positions themselves are the same numbers the table holds.
             cos, sin = rope_angles(position_ids, self.inv_freq)
         else:
-            needed = int(position_ids.max()) + 1
-            if self.cos_table is None or self.cos_table.shape[0] < needed or self.cos_table.device != position_ids.device:
-                size = max(needed, 0 if self.cos_table is None else self.cos_table.shape[0])
-                positions = torch.arange(size, device=position_ids.device)
-                self.cos_table, self.sin_table = rope_angles(positions, self.inv_freq)
-            cos, sin = self.cos_table[position_ids], self.sin_table[position_ids]
+            cos_table, sin_table = self._table(position_ids)
+            cos, sin = cos_table[position_ids], sin_table[position_ids]
         return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _triton_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
+        """On CUDA with Triton: a rotation that takes its angles from the positions inside the kernel
+        (table lookup, or formed from the frequencies with cache none). None elsewhere."""
+        triton = triton_kernels() if q.is_cuda else None
+        if triton is None or not triton.supports(q, k, position_ids):
+            return None
+        if self.config.cache == "none":
+            angles = {"inv_freq": self.inv_freq}
+        else:
+            cos_table, sin_table = self._table(position_ids)
+            angles = {"cos_table": cos_table, "sin_table": sin_table}
+        return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
+                                 positions=position_ids, **angles)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k.
@@ -320,17 +384,25 @@ class RotaryEmbedding(nn.Module):
         no memory. Then the tensors passed in hold the rotated values afterwards. Otherwise
         (no grad, leaf tensors, q and k aliasing, under torch.compile) the reference
         `apply_partial_rope` returns new tensors and leaves the inputs alone. Both give the
-        same numbers up to float32 rounding (last-bit differences from fused multiply-adds);
-        pass-through channels are bit-identical either way.
+        same numbers up to float32 rounding (the CPU kernel gives the reference's bits; the
+        torch path differs in the last bit from fused multiply-adds); pass-through channels
+        are bit-identical either way.
         ``inplace = True`` also rotates tensors that need no grad in place (inference).
         ``inplace = False`` always uses the reference."""
         if self.rotary_dims == 0:
             return q, k
-        cos, sin = self.cos_sin(position_ids)
+        cos_sin = None
         if self.inplace is not False and not torch.compiler.is_compiling():
-            rotated = partial_rotary(q, k, cos, sin, self.rotary_dims, self.layout, force=bool(self.inplace))
+            force = bool(self.inplace)
+            rotation = self._triton_rotation(q, k, position_ids)
+            if rotation is not None:
+                rotated = rotate_in_place(q, k, rotation, force)
+            else:
+                cos_sin = self.cos_sin(position_ids)
+                rotated = partial_rotary(q, k, *cos_sin, self.rotary_dims, self.layout, force)
             if rotated is not None:
                 return rotated
+        cos, sin = cos_sin or self.cos_sin(position_ids)
         return (
             apply_partial_rope(q, cos, sin, self.rotary_dims, self.layout),
             apply_partial_rope(k, cos, sin, self.rotary_dims, self.layout),

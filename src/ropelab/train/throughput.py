@@ -9,7 +9,7 @@ MFU is the model's training FLOPs per second over the device's peak FLOP/s (Chow
   * on CPUs: measured. No datasheet speaks for a virtual machine's share of a CPU, and the vector
     units decide which dtype is fast (on AVX2-only CPUs bfloat16 matrix products are slower than
     float32). The figure is the best of a few timed square matrix products in the dtype the
-    training runs, on torch's threads, measured once per process.
+    training runs, on torch's threads, measured once per process (`measured_cpu_peak`).
 """
 
 from __future__ import annotations
@@ -64,9 +64,14 @@ def _seconds(fn) -> float:
 
 @functools.cache
 def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None) -> float:
-    """FLOP/s of the fastest of a few square matrix products in `dtype` on `threads` (default: torch's),
-    measured once per process and arguments. The size doubles from 128 until one product takes
-    10 ms (or reaches 2048), so a slow dtype is not timed on matrices that would take seconds."""
+    """FLOP/s of the fastest square matrix products in `dtype` on `threads` (default: torch's),
+    measured once per process and arguments.
+
+    Each size is tried in the three operand layouts a training step meets (a @ b, a @ b.T and
+    a.T @ b: forward and the two backward products), and the fastest counts: without bf16 units,
+    torch's bfloat16 fallback runs them at speeds 10-25x apart. The size doubles from 128 until a
+    product takes 10 ms (or reaches 2048), so a slow dtype is not timed on matrices that would
+    take seconds."""
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -76,12 +81,15 @@ def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int]
         while True:
             size *= 2
             a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
-            torch.mm(a, b)  # warm-up: allocations, thread pool, kernel choice
-            if min(_seconds(lambda: torch.mm(a, b)) for _ in range(2)) > 0.01 or size >= 2048:
+            layouts = (lambda: torch.mm(a, b), lambda: torch.mm(a, b.t()), lambda: torch.mm(a.t(), b))
+            for product in layouts:
+                product()  # warm-up: allocations, thread pool, kernel choice
+            fastest = min(layouts, key=lambda product: min(_seconds(product) for _ in range(2)))
+            if min(_seconds(fastest) for _ in range(2)) > 0.01 or size >= 2048:
                 break
-        times = [_seconds(lambda: torch.mm(a, b)) for _ in range(3)]
+        times = [_seconds(fastest) for _ in range(3)]
         while sum(times) < 0.3 and len(times) < 20:
-            times.append(_seconds(lambda: torch.mm(a, b)))
+            times.append(_seconds(fastest))
     finally:
         torch.set_num_threads(previous)
     return 2 * size**3 / min(times)

@@ -1,0 +1,258 @@
+"""Fused in-place partial RoPE for CPU tensors: one C loop over q and k, compiled on first use.
+
+Why a C loop: eager PyTorch has no single op for the half-layout rotation
+(x1 cos - x2 sin, x2 cos + x1 sin), so `rope.rotate_` needs four elementwise passes, and each
+pass walks every (batch, head, token) row. Full rotation then costs several copies of q and k,
+and at small fractions the per-row cost of those passes, not the bytes, dominates. This kernel
+reads and writes the rotary channels of each row once, for q and k in one parallel loop, with
+the loop order following the tensors' strides (so `Attention`'s transposed projection views are
+walked in memory order). Everything else in the row is neither read nor written.
+
+Numbers: float32 is computed without fused multiply-adds (``-ffp-contract=off``), so it gives
+the same bits as the reference `rope.rotate`; bfloat16 is computed in float32 and rounded once to
+nearest even, as `rope.rotate` does.
+
+Build: `SOURCE` is compiled once per machine with the system C compiler (``$CC``, else ``cc``)
+into ``$ROPELAB_CACHE/kernels`` (default ``~/.cache/ropelab/kernels``), named by a hash of the
+source, the flags and the CPU model (``-march=native`` code must not travel to another CPU), and
+loaded with ctypes. The parallel loop uses OpenMP; torch has already loaded its own libgomp, so
+the library binds to torch's thread pool instead of starting a second one (a compiler without
+OpenMP builds a single-threaded loop). Without a compiler, or with ``ROPELAB_CPU_KERNEL=0``,
+`available()` is False and `rope` uses its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* One tensor: its address, then its three outer dimensions ordered by decreasing stride: sizes,
+   strides in elements of the tensor, strides in elements of cos/sin (0 where cos/sin broadcast). */
+typedef struct { int64_t data, n[3], x[3], c[3]; } rows_t;
+
+static inline float load(const char *p, int64_t i, const int bf16) {
+  if (!bf16) return ((const float *)p)[i];
+  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline void store(char *p, int64_t i, float f, const int bf16) {
+  if (!bf16) { ((float *)p)[i] = f; return; }
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x400000u;  /* NaN stays a (quiet) NaN */
+  else u += 0x7fffu + ((u >> 16) & 1u);                   /* round to nearest even */
+  ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
+/* One row's pairs: (x1[i], x2[i]) <- (x1 cos - x2 sin, x2 cos + x1 sin), i < half, where x1 and x2
+   are `step` elements apart pairwise (half layout: two separate runs; interleaved: neighbours). */
+static inline __attribute__((always_inline)) void rotate_pairs(
+    char *restrict x1, char *restrict x2, const float *restrict c, const float *restrict s,
+    const int64_t half, const int64_t step, const int bf16, const float sign) {
+  /* simd: vectorise even where gcc would otherwise unroll a short row into scalar code */
+#pragma omp simd
+  for (int64_t i = 0; i < half; i++) {
+    const float a = load(x1, step * i, bf16), b = load(x2, step * i, bf16), cs = c[i], sn = sign * s[i];
+    store(x1, step * i, a * cs - b * sn, bf16);
+    store(x2, step * i, b * cs + a * sn, bf16);
+  }
+}
+
+/* Rows lo..hi-1 (flat index over the three outer dimensions) of one tensor. */
+static inline __attribute__((always_inline)) void rotate_rows(
+    char *base, const rows_t *g, int64_t lo, int64_t hi, const float *cos, const float *sin,
+    const int64_t half, const int interleaved, const int bf16, const float sign) {
+  const int64_t size = bf16 ? 2 : 4;
+  int64_t i2 = lo % g->n[2], rest = lo / g->n[2], i1 = rest % g->n[1], i0 = rest / g->n[1];
+  int64_t r = lo;
+  while (r < hi) {
+    int64_t stop = r + g->n[2] - i2;
+    if (stop > hi) stop = hi;
+    char *x = base + size * (i0 * g->x[0] + i1 * g->x[1] + i2 * g->x[2]);
+    int64_t at = i0 * g->c[0] + i1 * g->c[1] + i2 * g->c[2];
+    for (; r < stop; r++, x += size * g->x[2], at += g->c[2]) {
+      /* Rows are g->x[2] elements apart; at small fractions each touches one cache line, a
+         pattern the hardware prefetchers follow poorly, so ask for the row 32 ahead. */
+      __builtin_prefetch(x + 32 * size * g->x[2], 1);
+      if (interleaved) rotate_pairs(x, x + size, cos + at, sin + at, half, 2, bf16, sign);
+      else rotate_pairs(x, x + size * half, cos + at, sin + at, half, 1, bf16, sign);
+    }
+    i2 = 0;
+    if (++i1 == g->n[1]) { i1 = 0; i0++; }
+  }
+}
+
+/* Constant `half`, layout and dtype let the compiler unroll and vectorise the common sizes. */
+#define ROWS(H, I, B) rotate_rows(base, g, lo, hi, cos, sin, H, I, B, sign)
+#define KINDS(H) if (interleaved) { if (bf16) ROWS(H, 1, 1); else ROWS(H, 1, 0); } \
+                 else { if (bf16) ROWS(H, 0, 1); else ROWS(H, 0, 0); }
+#define CASE(H) case H: KINDS(H); return;
+
+static void dispatch(char *base, const rows_t *g, int64_t lo, int64_t hi, const float *cos,
+                     const float *sin, int64_t half, int interleaved, int bf16, float sign) {
+  switch (half) {
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(6) CASE(8) CASE(12) CASE(16) CASE(24) CASE(32) CASE(48) CASE(64)
+    default: KINDS(half);
+  }
+}
+
+/* Rotate the first 2*half channels of every row of `count` tensors in place, by +angle
+   (sign 1) or -angle (sign -1). Each thread gets at least 32768 channels, as torch's own
+   parallel loops (at::internal::GRAIN_SIZE): waking a thread costs more than a small job. */
+void ropelab_rotate(int64_t count, const rows_t *rows, const float *cos, const float *sin,
+                    int64_t half, int64_t interleaved, int64_t bf16, float sign, int64_t threads) {
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; t++) total += rows[t].n[0] * rows[t].n[1] * rows[t].n[2];
+  const int64_t most = total * 2 * half / 32768;
+  if (threads > most) threads = most > 1 ? most : 1;
+  #pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    const int64_t parts = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+    const int64_t parts = 1, id = 0;
+#endif
+    int64_t begin = total * id / parts, end = total * (id + 1) / parts;
+    for (int64_t t = 0; t < count; t++) {
+      const int64_t n = rows[t].n[0] * rows[t].n[1] * rows[t].n[2];
+      const int64_t lo = begin > 0 ? begin : 0, hi = end < n ? end : n;
+      if (lo < hi)
+        dispatch((char *)(intptr_t)rows[t].data, rows + t, lo, hi, cos, sin, half, (int)interleaved, (int)bf16, sign);
+      begin -= n;
+      end -= n;
+    }
+  }
+}
+"""
+
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
+OPENMP = ["-fopenmp"]  # left out, single-threaded, where the compiler has no OpenMP (Apple's clang)
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _cpu_model() -> str:
+    """The CPU's name and instruction-set flags (a VM's "AMD EPYC" alone does not tell Zen 3 from
+    Zen 4, whose -march=native code would not run on Zen 3)."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    return "\n".join(line for line in first.splitlines() if line.startswith(("model name", "flags")))
+
+
+def _build(compiler: str) -> Path:
+    """Compile `SOURCE` into the kernel cache (once per source, flags and CPU); returns the library path."""
+    cache = Path(os.environ.get("ROPELAB_CACHE", Path.home() / ".cache" / "ropelab")) / "kernels"
+    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, compiler, _cpu_model()]).encode()).hexdigest()[:16]
+    library = cache / f"rope_cpu-{key}.so"
+    if library.exists():
+        return library
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as work:
+        source, built = Path(work) / "rope_cpu.c", Path(work) / "rope_cpu.so"
+        source.write_text(SOURCE)
+        command = [compiler, *FLAGS, str(source), "-o", str(built)]
+        try:
+            subprocess.run(command[:1] + OPENMP + command[1:], check=True, capture_output=True, timeout=300)
+        except subprocess.CalledProcessError:
+            subprocess.run(command, check=True, capture_output=True, timeout=300)
+        os.replace(built, library)  # another process may have built the same file meanwhile: same bytes
+    return library
+
+
+@functools.cache
+def library() -> Optional[ctypes.CDLL]:
+    """The compiled kernel, or None (disabled, no compiler, or the build failed: a warning says why)."""
+    if os.environ.get("ROPELAB_CPU_KERNEL", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        warnings.warn(f"ropelab: CPU RoPE kernel unavailable, using the torch path ({error} {detail.decode()[:300]})")
+        return None
+    lib.ropelab_rotate.restype = None
+    lib.ropelab_rotate.argtypes = [
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int64,
+    ]
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether the kernel can rotate x: a 4-D float32/bfloat16 CPU tensor with unit channel stride."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4 and x.stride(-1) == 1
+
+
+def _geometry(x: torch.Tensor, cos: torch.Tensor) -> Optional[list[int]]:
+    """x's `rows_t` (address, then sizes and strides of its three outer dimensions in memory order,
+    and cos/sin's strides over them), or None if cos/sin do not broadcast to x's rows."""
+    pad = x.dim() - cos.dim()
+    if pad < 0:
+        return None
+    sizes, strides = (1,) * pad + tuple(cos.shape), (0,) * pad + cos.stride()
+    if any(c not in (1, n) for c, n in zip(sizes[:3], x.shape[:3])):
+        return None
+    shape, stride = x.shape, x.stride()
+    order = sorted(range(3), key=stride.__getitem__, reverse=True)  # memory order, outermost first
+    return [x.data_ptr(), *[shape[d] for d in order], *[stride[d] for d in order],
+            *[0 if sizes[d] == 1 else strides[d] for d in order]]
+
+
+def rotate_(
+    tensors: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int, layout: str,
+    inverse: bool = False,
+) -> bool:
+    """Rotate the first `rotary_dims` channels of each tensor (B, H, T, D) in place, in one parallel loop.
+
+    cos/sin are float32, (..., T, rotary_dims/2), broadcastable to each tensor's rows. The tensors
+    must not overlap themselves or each other. Returns False, having touched nothing, when the
+    kernel is unavailable or does not support the tensors (the caller then uses the torch path)."""
+    lib = library()
+    if lib is None or not tensors or not all(supports(x) and x.dtype == tensors[0].dtype for x in tensors):
+        return False
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.shape != sin.shape:
+        return False
+    if cos.shape[-1] != rotary_dims // 2 or any(rotary_dims > x.shape[-1] for x in tensors):
+        return False
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    geometry = []
+    for x in tensors:
+        rows = _geometry(x, cos)
+        if rows is None:
+            return False
+        geometry += rows
+    lib.ropelab_rotate(
+        len(tensors), (ctypes.c_int64 * len(geometry))(*geometry), cos.data_ptr(), sin.data_ptr(), rotary_dims // 2,
+        int(layout != "half"), DTYPES[tensors[0].dtype], -1.0 if inverse else 1.0, torch.get_num_threads(),
+    )
+    return True
