@@ -7,7 +7,6 @@ model. `write_reports` writes every file under a temporary name and renames it i
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.study.plots import new_figure, png_bytes
 
 FILES = ("longctx.json", "longctx.md", "longctx_heatmap.png", "loss_by_position.png")
 METRICS = (("exact_match", "exact match"), ("mrr", "MRR"), ("acc_at_1", "acc@1"))
@@ -78,27 +78,12 @@ def results_markdown(results: dict) -> str:
 # ------------------------------------------------------------------ figures
 
 
-def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
 def plot_heatmaps(results: dict) -> bytes:
     """A depth x length panel per run (rows) and task/metric (columns), values written in the cells."""
     settings, runs = results["settings"], results["runs"]
     lengths, depths = settings["lengths"], settings["depths"]
     columns = [(task, metric) for task in settings["tasks"] for metric in HEATMAP_METRICS]
-    fig = _figure(1.0 + 0.55 * len(lengths) * len(columns), 0.6 + (0.6 + 0.45 * len(depths)) * len(runs))
+    fig = new_figure(1.0 + 0.55 * len(lengths) * len(columns), 0.6 + (0.6 + 0.45 * len(depths)) * len(runs))
     axes = fig.subplots(len(runs), len(columns), squeeze=False, gridspec_kw={"hspace": 0.6})
     image = None
     for row, run in enumerate(runs):
@@ -119,7 +104,7 @@ def plot_heatmaps(results: dict) -> bytes:
             if row == len(runs) - 1:
                 ax.set_xlabel("context length (tokens)", fontsize=7)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def plot_loss_by_position(results: dict) -> Optional[bytes]:
@@ -129,7 +114,7 @@ def plot_loss_by_position(results: dict) -> Optional[bytes]:
         return None
     from matplotlib import colormaps
 
-    fig = _figure(7, 4.2)
+    fig = new_figure(7, 4.2)
     ax = fig.subplots()
     palette = colormaps["tab10"]
     for k, run in enumerate(runs):
@@ -144,7 +129,7 @@ def plot_loss_by_position(results: dict) -> Optional[bytes]:
     ax.set_title("loss by position (dashed: training sequence length)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, frameon=False)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 # ------------------------------------------------------------------ files

@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropelab.study.plots import _figure, _png
+from ropelab.study.plots import new_figure, png_bytes
 
 MAX_HEATMAP_CHANNELS = 256  # wider stages (the logits' vocabulary) show their most-perturbed channels
 MAX_HEATMAP_LAYERS = 6
@@ -40,7 +40,7 @@ def plot_deviation_heatmaps(panels: dict[str, list[tuple[str, torch.Tensor, Opti
     from matplotlib.ticker import MaxNLocator
 
     height = 2.2 * len(panels) + 0.6
-    fig = _figure(9.0, height)
+    fig = new_figure(9.0, height)
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     fig.subplots_adjust(top=1 - 0.75 / height, bottom=0.5 / height, hspace=0.55)
     image = None
@@ -70,7 +70,7 @@ def plot_deviation_heatmaps(panels: dict[str, list[tuple[str, torch.Tensor, Opti
         fig.colorbar(image, ax=list(axes), fraction=0.03, pad=0.02, label="deviation / the stage's max")
     fig.suptitle(f"{title}: |x_r - x_0| / rms(x_0), channels x repeats; dashed: rotated channels above", fontsize=9,
                  y=1 - 0.2 / height)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def plot_distance_lines(title: str, series: dict[str, list[dict]]) -> bytes:
@@ -84,7 +84,7 @@ def plot_distance_lines(title: str, series: dict[str, list[dict]]) -> bytes:
     stages = list(series)
     cols = min(len(stages), 4) or 1
     rows = max(1, math.ceil(len(stages) / cols))
-    fig = _figure(4.3 * cols, 3.3 * rows)
+    fig = new_figure(4.3 * cols, 3.3 * rows)
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
     checkpoints = list(dict.fromkeys(line["checkpoint"] for lines in series.values() for line in lines))
     families = ["Blues", "Oranges", "Greens", "Reds", "Purples", "Greys"]
@@ -107,14 +107,14 @@ def plot_distance_lines(title: str, series: dict[str, list[dict]]) -> bytes:
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(names) / 6), 1, 1))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def plot_weight_heatmap(changes: dict, title: str) -> bytes:
     """Relative change of W_q and W_k, layer x frequency pair (pair 0 = the fastest-turning),
     with the unrotated channels as the last column; from `weights.weight_changes`."""
     projections = list(changes["heatmap"])
-    fig = _figure(6.0 * len(projections), 0.9 + 0.35 * max(len(changes["layers"]), 4))
+    fig = new_figure(6.0 * len(projections), 0.9 + 0.35 * max(len(changes["layers"]), 4))
     axes = fig.subplots(1, len(projections), squeeze=False)[0]
     for ax, proj in zip(axes, projections):
         rows = changes["heatmap"][proj]
@@ -133,4 +133,4 @@ def plot_weight_heatmap(changes: dict, title: str) -> bytes:
         ax.set_yticks(range(len(rows)))
         ax.set_title(f"W_{proj}: {title}", fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)

@@ -38,7 +38,8 @@ def _band_colors(rows: list[dict]) -> dict[str, Any]:
     return colors
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
+    """A matplotlib figure drawn off-screen (Agg), without pyplot's global state."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -47,7 +48,7 @@ def _figure(width: float, height: float):
     return fig
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
@@ -81,7 +82,7 @@ def plot_loss_curves(rows: list[dict], runs: list[Run]) -> bytes:
     by_id = {r.id: r for r in runs}
     groups = list(dict.fromkeys(row["group"] for row in rows)) or ["all"]
     colors = _band_colors(rows)
-    fig = _figure(13, 3.6 * len(groups))
+    fig = new_figure(13, 3.6 * len(groups))
     axes = fig.subplots(len(groups), 2, squeeze=False)
     for g, group in enumerate(groups):
         ax_full, ax_zoom = axes[g]
@@ -129,7 +130,7 @@ def plot_loss_curves(rows: list[dict], runs: list[Run]) -> bytes:
         else:
             ax_full.text(0.5, 0.5, "no metrics", ha="center", va="center", transform=ax_full.transAxes)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _set_ylim(ax, values: list[np.ndarray]) -> None:
@@ -146,7 +147,7 @@ def plot_final_loss(rows: list[dict]) -> bytes:
     there are replicas, each run a faint dot); a second panel for validation loss when logged."""
     finished = [r for r in rows if r["final_train_loss"] is not None and r["fraction"] is not None]
     has_val = any(r["final_val_loss"] is not None for r in finished)
-    fig = _figure(6.5 * (2 if has_val else 1), 4.2)
+    fig = new_figure(6.5 * (2 if has_val else 1), 4.2)
     axes = fig.subplots(1, 2 if has_val else 1, squeeze=False)[0]
     fractions = sorted({round(r["fraction"], 4) for r in finished})
     pos = {f: i for i, f in enumerate(fractions)}
@@ -186,7 +187,7 @@ def plot_final_loss(rows: list[dict]) -> bytes:
         else:
             ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 # ------------------------------------------------------------------------------- text

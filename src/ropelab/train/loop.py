@@ -254,11 +254,13 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     model = Transformer(config.model).to(device)
     wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
     optimizer = build_optimizer(wrapped, tc)
+    phase_results = []  # {"name", "end_step", "val_loss"} of the phases completed so far
     if latest is not None:
         state = ckpt.read_state(latest)
         _check_resume_world(state, phases, env, latest)
         ckpt.load_checkpoint(latest, wrapped, optimizer, env)
         start_step = state["step"]
+        phase_results = state.get("phase_results", [])
     forward = torch.compile(wrapped) if tc.compile else wrapped
     objectives: dict[int, Objective] = {}
     throughputs: dict[int, Throughput] = {}
@@ -285,7 +287,6 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     summary = model_summary(model)
     guard = _SkipGuard(config)
     last_loss, last_val = float("nan"), float("nan")
-    phase_results = _phase_results(run_dir, start_step)
     wall_start, compute_time = time.perf_counter(), 0.0
     step = start_step
 
@@ -393,9 +394,7 @@ def _requested_checkpoint(run_dir: Path, requested: str | Path) -> Path:
     path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
     if not path.is_dir():
         raise ConfigError(f"{path}: requested checkpoint does not exist")
-    if not (path / ckpt.MARKER).is_file():
-        raise ConfigError(f"{path}: incomplete checkpoint (no {ckpt.MARKER} marker); refusing to load it")
-    return path
+    return path  # `ckpt.read_state` refuses it if incomplete
 
 
 def _tokens_seen(phases: list[Phase], step: int) -> int:
@@ -405,10 +404,3 @@ def _tokens_seen(phases: list[Phase], step: int) -> int:
         done = min(max(step - phase.start, 0), phase.steps)
         total += done * phase.config.train.global_batch * phase.config.data.seq_len
     return total
-
-
-def _phase_results(run_dir: Path, start_step: int) -> list:
-    latest = ckpt.latest_checkpoint(run_dir) if start_step else None
-    if latest is None:
-        return []
-    return [r for r in ckpt.read_state(latest).get("phase_results", []) if r["end_step"] <= start_step]
