@@ -195,9 +195,11 @@ def test_kl_properties(seed, V, T, k, scale):
     zs, zt = torch.randn(5, V, generator=g) * scale, torch.randn(5, V, generator=g) * scale
     k = min(k, V)
     full, sparse = _kd_of_logits(zs, zt, T, None), _kd_of_logits(zs, zt, T, k)
-    assert full >= -1e-6 and sparse >= -1e-5
+    # The loss is T^2 x KL, so fp32 rounding in KL (~1e-7 when p and q agree) is scaled by T^2 too.
+    tol = max(1.0, T * T)
+    assert full >= -1e-6 * tol and sparse >= -1e-5 * tol
     assert sparse <= full + 1e-4 * (1 + full)
-    assert abs(_kd_of_logits(zt, zt, T, None)) <= 1e-5 and abs(_kd_of_logits(zt, zt, T, k)) <= 1e-4
+    assert abs(_kd_of_logits(zt, zt, T, None)) <= 1e-5 * tol and abs(_kd_of_logits(zt, zt, T, k)) <= 1e-4 * tol
 
 
 @settings(max_examples=10, deadline=None)

@@ -33,12 +33,13 @@ def torchrun_cmd(run_dir, args, script=None):
             "train", "--out", str(run_dir), "--no-progress", *args]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+def worker_env(extra=None):
+    """Read when a job starts, not at import, so that the session's ROPELAB_CACHE (set by a fixture) reaches the ranks."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
 def torchrun(run_dir, args, script=None, env=None):
-    done = subprocess.run(torchrun_cmd(run_dir, args, script), capture_output=True, env={**ENV, **(env or {})}, timeout=300)
-    return done
+    return subprocess.run(torchrun_cmd(run_dir, args, script), capture_output=True, env=worker_env(env), timeout=300)
 
 
 def losses(run_dir):
@@ -92,7 +93,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_equal(tmp_path, tiny_ov
     run = tmp_path / "run"
     kill_after = random.Random(0).randint(3, STEPS - 3)
     proc = subprocess.Popen(torchrun_cmd(run, overrides(tiny_overrides)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+                            stderr=subprocess.PIPE, env=worker_env(), start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and not (read_metrics(run) and read_metrics(run)[-1]["step"] >= kill_after):
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -113,13 +114,14 @@ def test_crash_while_writing_a_checkpoint_never_loads_it(tmp_path, tiny_override
     run = tmp_path / "run"
     done = torchrun(run, overrides(tiny_overrides), script=HERE / "crash_in_save.py",
                     env={"CRASH_RUN": str(run), "CRASH_STEP": "6"})
-    assert done.returncode != 0
-    assert (ckpt.checkpoint_dir(run) / ".tmp_step_00000006" / "dcp").is_dir()  # shards written, never committed
-    assert ckpt.latest_checkpoint(run).name == "step_00000004"
+    saved = sorted(p.name for p in ckpt.checkpoint_dir(run).iterdir())
+    assert done.returncode != 0, saved
+    assert (ckpt.checkpoint_dir(run) / ".tmp_step_00000006" / "dcp").is_dir(), (saved, done.stderr.decode()[-3000:])
+    assert ckpt.latest_checkpoint(run).name == "step_00000004", (saved, done.stderr.decode()[-3000:])
     done = torchrun(run, ["--resume"])
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     assert not list(ckpt.checkpoint_dir(run).glob(".tmp_step_*"))
-    assert losses(run) == losses(ddp_reference)
+    assert losses(run) == losses(ddp_reference), (losses(run), losses(ddp_reference))
     wa, wb = final_weights(run), final_weights(ddp_reference)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
