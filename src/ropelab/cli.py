@@ -26,6 +26,7 @@ overrides are dotted key=value pairs, values parsed as YAML, e.g.
   data.corpus=stdlib|<folder from `ropelab data prepare`>   data.pack=cross|whole   data.mask_boundary_labels=true
   data.verify=once|always|sizes   attention.backend=auto|sdpa|dense|varlen|flex
   train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=auto|bf16|fp32
+  train.bf16_gemm=auto|native|fp32
   train.checkpoint_every=50   train.eval_every=50   attention.doc_mask=true   seed=1
 rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for any fraction > 0.
 """

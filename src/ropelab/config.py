@@ -291,6 +291,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     # auto: bf16 autocast on CUDA, fp32 on CPU (CPUs without AVX512-BF16/AMX run bf16 matmuls ~20x slower)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # bf16 on a CPU: native (PyTorch's bf16 kernels), fp32 (bf16-rounded operands through fp32 GEMMs,
+    # the same arithmetic; see ropelab.precision), auto (fp32 where the CPU has no bf16 instructions)
+    bf16_gemm: Literal["auto", "native", "fp32"] = "auto"
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     eval_every: int = 50
     eval_batches: int = 4

@@ -11,7 +11,6 @@ A run directory holds:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import signal
@@ -33,6 +32,7 @@ from ropelab.data.tokenizer import padded_vocab
 from ropelab.distill.objective import build_objective
 from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer, model_summary
+from ropelab.precision import matmul_dtype, mixed_precision
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
@@ -71,9 +71,7 @@ def uses_bf16(config: RunConfig, device: torch.device) -> bool:
 
 
 def autocast(config: RunConfig, device: torch.device):
-    if uses_bf16(config, device):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return mixed_precision(device, uses_bf16(config, device), config.train.bf16_gemm)
 
 
 @torch.no_grad()
@@ -269,7 +267,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         """Per-device tokens/s and MFU over recent steps (phases differ in length and batch)."""
         if phase.index not in throughputs:
             pc = phase.config
-            dtype = torch.bfloat16 if uses_bf16(pc, device) else torch.float32
+            dtype = matmul_dtype(device, uses_bf16(pc, device), pc.train.bf16_gemm)
             per_device = pc.train.global_batch * pc.data.seq_len // env.world
             throughputs[phase.index] = Throughput(model, pc.data.seq_len, per_device, device, dtype)
         return throughputs[phase.index]

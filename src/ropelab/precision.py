@@ -1,0 +1,82 @@
+"""Mixed precision: bf16 autocast, and how its matrix products run on CPUs without bf16 instructions.
+
+A bf16 GEMM multiplies bf16 operands and accumulates in fp32. The product of two bf16 numbers (8-bit
+significands) is exact in fp32, so an fp32 GEMM on bf16-rounded operands, rounded back to bf16, is the
+same arithmetic up to the order of the sums. On CPUs without AVX512-BF16 or AMX, PyTorch's own bf16
+kernels are many times slower than its fp32 ones (an AVX2 Zen 3 here: 24 against 170 GFLOP/s on 2
+threads), so there `Bf16GemmInFp32` runs the autocast's linear layers and attention that way.
+Everything else (which ops run in bf16, the bf16 activations between them, fp32 losses) stays
+autocast's. `train.bf16_gemm` chooses: `native`, `fp32`, or `auto` (fp32 on such CPUs only)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+BF16_GEMM = ("auto", "native", "fp32")
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def gemm_in_fp32(policy: str, device: torch.device | str) -> bool:
+    """Whether bf16 autocast on `device` runs its matrix products as fp32 GEMMs (CPU only)."""
+    if policy not in BF16_GEMM:
+        raise ValueError(f"bf16_gemm={policy!r}: choose one of {', '.join(BF16_GEMM)}")
+    if torch.device(device).type != "cpu":
+        return False
+    return policy == "fp32" or (policy == "auto" and not cpu_has_native_bf16())
+
+
+def _bf16_valued(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to bf16, held in fp32 (other dtypes untouched)."""
+    if x.dtype == torch.float32:
+        return x.to(torch.bfloat16).float()
+    return x.float() if x.dtype == torch.bfloat16 else x
+
+
+class Bf16GemmInFp32(TorchFunctionMode):
+    """While CPU autocast is on in bf16: `F.linear` and `F.scaled_dot_product_attention` round their
+    floating operands to bf16, compute in fp32 with autocast off, and return bf16, as autocast's bf16
+    kernels would. Outside such an autocast region every call passes through unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in (F.linear, F.scaled_dot_product_attention) or not _cpu_bf16_autocast():
+            return func(*args, **kwargs)
+        args = tuple(_bf16_valued(a) if isinstance(a, torch.Tensor) else a for a in args)
+        kwargs = {k: _bf16_valued(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        with torch.autocast("cpu", enabled=False):
+            return func(*args, **kwargs).to(torch.bfloat16)
+
+
+def _cpu_bf16_autocast() -> bool:
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def mixed_precision(device: torch.device | str, bf16: bool, gemm: str = "auto"):
+    """The context a forward runs in: nothing (fp32), bf16 autocast, or on a CPU where `gemm_in_fp32`
+    holds, bf16 autocast with `Bf16GemmInFp32`."""
+    device = torch.device(device)
+    if not bf16:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+    if gemm_in_fp32(gemm, device):
+        stack.enter_context(Bf16GemmInFp32())
+    return stack
+
+
+def matmul_dtype(device: torch.device | str, bf16: bool, gemm: str = "auto") -> torch.dtype:
+    """The dtype the matrix products actually run in (for the MFU's peak)."""
+    return torch.bfloat16 if bf16 and not gemm_in_fp32(gemm, device) else torch.float32

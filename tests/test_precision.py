@@ -1,0 +1,98 @@
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ropelab import precision
+from ropelab.config import ModelConfig
+from ropelab.model import Transformer
+from ropelab.precision import Bf16GemmInFp32, gemm_in_fp32, matmul_dtype, mixed_precision
+
+BF16 = torch.bfloat16
+
+
+def _emulated(fn, *args, **kwargs):
+    with mixed_precision("cpu", True, "fp32"):
+        return fn(*args, **kwargs)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 9), k=st.integers(1, 300), m=st.integers(1, 17))
+def test_linear_is_a_bf16_gemm_with_fp32_accumulation(seed, n, k, m):
+    """bf16-rounded operands, exact products, an fp32 sum rounded once to bf16: off the fp64 product
+    of the rounded operands by at most that rounding plus fp32 summation error."""
+    g = torch.Generator().manual_seed(seed)
+    x, w, b = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g), torch.randn(m, generator=g)
+    out = _emulated(F.linear, x, w, b)
+    assert out.dtype == BF16
+    xr, wr, br = (t.to(BF16).double() for t in (x, w, b))
+    exact = xr @ wr.T + br
+    magnitude = xr.abs() @ wr.abs().T + br.abs()
+    bound = 2**-8 * exact.abs() + (k + 1) * 2**-24 * magnitude
+    assert ((out.double() - exact).abs() <= bound).all()
+
+
+def test_not_a_plain_fp32_product():
+    """The operands are rounded: with inputs that bf16 cannot hold, the result differs from fp32's."""
+    x = torch.full((1, 4), 1.0 + 2**-12)
+    w = torch.ones(1, 4)
+    assert _emulated(F.linear, x, w).item() == 4.0
+    assert F.linear(x, w).item() != 4.0
+
+
+def test_attention_and_gradients_match_native_bf16():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 33, 16, generator=g, requires_grad=True) for _ in range(3))
+    outs, grads = [], []
+    for gemm in ("native", "fp32"):
+        with mixed_precision("cpu", True, gemm):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert out.dtype == BF16
+        outs.append(out.float())
+        grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-2, rtol=2e-2)
+    for emulated, native in zip(grads[1], grads[0]):
+        assert (emulated - native).norm() <= 0.02 * native.norm()
+
+
+def test_inactive_without_bf16_autocast():
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    with Bf16GemmInFp32():
+        assert torch.equal(F.linear(x, w), F.linear(x, w).detach())
+        assert F.linear(x, w).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert F.linear(x, w).dtype == torch.float16
+
+
+def test_training_step_matches_native_bf16():
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(ModelConfig.from_name("tiny-llama"), vocab_size=300))
+    ids = torch.randint(0, 300, (2, 64))
+    results = {}
+    for gemm in ("native", "fp32"):
+        with mixed_precision("cpu", True, gemm):
+            _, loss = model(ids, ids)
+        loss.backward()
+        results[gemm] = loss.item(), [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+    _, fp32_loss = model(ids, ids)
+    (native, native_grads), (emulated, emulated_grads) = results["native"], results["fp32"]
+    assert emulated == pytest.approx(native, abs=5e-3)
+    assert emulated != fp32_loss.item()  # bf16 arithmetic, not fp32's
+    for a, b in zip(emulated_grads, native_grads):
+        assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
+
+
+def test_policy(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert gemm_in_fp32("auto", "cpu") and gemm_in_fp32("fp32", "cpu") and not gemm_in_fp32("native", "cpu")
+    assert matmul_dtype("cpu", True) == torch.float32 and matmul_dtype("cpu", False) == torch.float32
+    assert matmul_dtype("cpu", True, "native") == BF16
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert not gemm_in_fp32("auto", "cpu") and gemm_in_fp32("fp32", "cpu")
+    assert not gemm_in_fp32("fp32", "cuda")
+    with pytest.raises(ValueError, match="bf16_gemm='fast'"):
+        gemm_in_fp32("fast", "cpu")
