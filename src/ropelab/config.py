@@ -366,6 +366,9 @@ class DistillConfig:
     chunk_tokens: int = 4096  # tokens per chunk of the loss: it holds about six fp32 (chunk x vocab) tensors
     teacher_device: str = "auto"  # auto: the student's device
     teacher_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    # HF teacher under a document mask: padded tokens per forward when documents run separately
+    # (0: the window length)
+    teacher_tokens: int = 0
     logits_cache: Optional[str] = None
 
     def validate(self) -> None:
@@ -380,6 +383,8 @@ class DistillConfig:
             raise ConfigError(f"distill.top_k={self.top_k}: must be >= 1 (or omitted for the full vocabulary)")
         if self.chunk_tokens <= 0:
             raise ConfigError(f"distill.chunk_tokens={self.chunk_tokens}: must be > 0")
+        if self.teacher_tokens < 0:
+            raise ConfigError(f"distill.teacher_tokens={self.teacher_tokens}: must be >= 0 (0: the window length)")
 
 
 # ------------------------------------------------------------------------------ run

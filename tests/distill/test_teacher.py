@@ -47,6 +47,23 @@ def test_hf_teacher_document_mask_isolates_documents(make_hf_teacher, bpe_file, 
     assert (masked[:1, 5:] - teacher.targets(ids[:1], pos[:1]).hidden[:, 5:]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("max_tokens", [1, 9, 0])
+def test_hf_teacher_per_document_equals_a_dense_document_mask(make_hf_teacher, bpe_file, student_config, max_tokens):
+    """Grouped, right-padded document runs give what HF gives under a (B, 1, T, T) document mask:
+    one document per forward (1), several of mixed lengths padded together (9), the window (0)."""
+    folder = make_hf_teacher(300, bpe_file)
+    teacher = load_teacher(student_config(f"data.tokenizer={bpe_file}", f"distill.teacher={folder}",
+                                          f"distill.teacher_tokens={max_tokens}"))
+    ids, pos = _ids(300, T=16, seed=2)
+    docs = torch.tensor([[0] * 3 + [1] * 6 + [2] * 2 + [3] * 5, [4] * 9 + [5] * 7])
+    allowed = torch.ones(16, 16, dtype=torch.bool).tril() & (docs[:, :, None] == docs[:, None, :])
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)[:, None]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        dense = hf.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(teacher.targets(ids, pos, docs).hidden, dense, rtol=1e-5, atol=1e-5)
+
+
 def test_ropelab_teacher_from_run_and_checkpoint(make_ropelab_teacher, student_config):
     from ropelab.evaluate.interchange import load_model
 

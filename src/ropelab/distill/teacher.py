@@ -19,9 +19,11 @@ multiple of 64, many HF models too): the teacher's head is cut to the tokenizer'
 rows beyond them receive zero teacher probability (see `ropelab.distill.loss`). A teacher with fewer
 rows than the tokenizer, or another tokenizer, is refused.
 
-Document mask. Given document ids, a ropelab teacher uses its own attention backends; an HF teacher
-gets a float (B, 1, T, T) additive mask, O(T^2) memory: for long windows import the teacher with
-`ropelab import` (Llama, Qwen2/3, GPT-NeoX) and use the imported folder.
+Document mask. Given document ids, a ropelab teacher uses its own attention backends. An HF teacher
+runs each document (each run of equal ids in a row) on its own, at its own position ids, which is
+what the mask means: `per_document`. Documents of similar length share a forward, right-padded (a
+causal model's outputs before the padding do not depend on it), at most `distill.teacher_tokens`
+tokens per forward, so the cost follows the sum of squared document lengths, with no T x T mask.
 """
 
 from __future__ import annotations
@@ -188,14 +190,32 @@ def teacher_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def doc_attention_mask(doc_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (B, 1, T, T) mask: 0 where query t may see key s (s <= t, same document), else the
-    dtype's minimum."""
-    T = doc_ids.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    allowed = causal & (doc_ids[:, :, None] == doc_ids[:, None, :])
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=doc_ids.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+def per_document(run: Callable, input_ids: torch.Tensor, position_ids: torch.Tensor, doc_ids: torch.Tensor,
+                 max_tokens: int) -> torch.Tensor:
+    """`run(input_ids, position_ids) -> (n, L, C)` applied to every document of a packed (B, T) batch
+    separately: documents sorted by length, the longest first, batched up to `max_tokens` padded
+    tokens (at least one document), right-padded with their last token and position. -> (B, T, C)."""
+    from ropelab.attention import Documents
+
+    B, T = input_ids.shape
+    starts, lengths = Documents(doc_ids).segments()
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    starts, lengths = starts.tolist(), lengths.tolist()
+    flat_ids, flat_pos = input_ids.reshape(-1), position_ids.reshape(-1)
+    out = None
+    i = 0
+    while i < len(order):
+        width = lengths[order[i]]
+        group = order[i: i + max(1, max_tokens // width)]
+        i += len(group)
+        # (n, width) gather indices: each document's tokens, then its last token repeated
+        index = torch.stack([starts[d] + torch.arange(width).clamp(max=lengths[d] - 1) for d in group]).to(flat_ids.device)
+        hidden = run(flat_ids[index], flat_pos[index])
+        if out is None:
+            out = hidden.new_empty(B * T, hidden.shape[-1])
+        for row, d in enumerate(group):
+            out[starts[d]: starts[d] + lengths[d]] = hidden[row, : lengths[d]]
+    return out.view(B, T, -1)
 
 
 def _load_ropelab(info: TeacherInfo, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Callable, nn.Linear]:
@@ -207,7 +227,8 @@ def _load_ropelab(info: TeacherInfo, device: torch.device, dtype: torch.dtype) -
     return model, model.hidden_states, model.lm_head
 
 
-def _load_hf(info: TeacherInfo, device: torch.device, dtype: torch.dtype, name: str) -> tuple[nn.Module, Callable, nn.Linear]:
+def _load_hf(info: TeacherInfo, device: torch.device, dtype: torch.dtype, name: str,
+             max_tokens: int) -> tuple[nn.Module, Callable, nn.Linear]:
     import transformers
     from packaging.version import Version
 
@@ -225,10 +246,13 @@ def _load_hf(info: TeacherInfo, device: torch.device, dtype: torch.dtype, name: 
     model = model.to(device).eval().requires_grad_(False)
     decoder = model.get_decoder()
 
+    def run(input_ids, position_ids):
+        return decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+
     def hidden(input_ids, position_ids, doc_ids):
-        mask = None if doc_ids is None else doc_attention_mask(doc_ids, dtype)
-        out = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False)
-        return out.last_hidden_state
+        if doc_ids is None:
+            return run(input_ids, position_ids)
+        return per_document(run, input_ids, position_ids, doc_ids, max_tokens or input_ids.shape[1])
 
     return model, hidden, model.get_output_embeddings()
 
@@ -255,8 +279,8 @@ def load_teacher(config: RunConfig, device: str | torch.device = "cpu") -> Teach
     if info.kind == "ropelab":
         module, hidden_fn, head = _load_ropelab(info, device, dtype)
     else:
-        module, hidden_fn, head = _load_hf(info, device, dtype, distill.teacher)
+        module, hidden_fn, head = _load_hf(info, device, dtype, distill.teacher, distill.teacher_tokens)
     return Teacher(hidden_fn, head, info, device, module)
 
 
-__all__ = ["Teacher", "TeacherInfo", "check_teacher", "load_teacher", "doc_attention_mask", "teacher_dtype"]
+__all__ = ["Teacher", "TeacherInfo", "check_teacher", "load_teacher", "per_document", "teacher_dtype"]
