@@ -307,6 +307,9 @@ class TrainConfig:
     # batch is micro_batch * grad_accum * data_parallel.
     data_parallel: Optional[int] = None
     parallel: Literal["ddp", "fsdp"] = "ddp"  # fsdp: FSDP2 fully_shard (weights, grads, optimizer sharded)
+    # Checkpoints that also hold model.safetensors (the gathered weights): every one, or phase ends and
+    # the last step only (the others load from their dcp/ shards); auto: boundaries under fsdp
+    full_weights: Literal["auto", "every", "boundaries"] = "auto"
     max_bad_steps: int = 5  # consecutive skipped (non-finite or spiking) steps before the run stops
     spike_factor: Optional[float] = None  # skip a step whose loss exceeds this x the median of recent steps
     spike_window: int = 50

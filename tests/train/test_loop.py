@@ -133,3 +133,19 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, tiny_overrides)
     train(out_dir=tmp_path / "run", resume=True)
     train(build_run_config(overrides=tiny_overrides), tmp_path / "reference")
     assert losses(tmp_path / "run") == losses(tmp_path / "reference")
+
+
+def test_checkpoints_without_full_weights_load_from_their_shards(tmp_path, tiny_overrides):
+    from ropelab.evaluate.interchange import load_model
+
+    run = tmp_path / "run"
+    train(build_run_config(overrides=tiny_overrides + ["train.full_weights=boundaries"]), run)
+    first, last = ckpt.list_checkpoints(run)
+    assert not (first / ckpt.WEIGHTS).exists() and (last / ckpt.WEIGHTS).is_file()
+    assert ckpt.weights_vocab(first) == ckpt.weights_vocab(last)
+    from_shards = load_model(first)[0].state_dict()
+    trainers_way, _ = load_model(last)
+    final = {name: t.clone() for name, t in trainers_way.state_dict().items()}
+    ckpt.load_checkpoint(first, trainers_way)  # the same shards, read as a resume reads them
+    assert all(torch.equal(t, trainers_way.state_dict()[name]) for name, t in from_shards.items())
+    assert not all(torch.equal(t, final[name]) for name, t in from_shards.items())

@@ -92,7 +92,8 @@ def _student_tokenizer(config: RunConfig) -> Tokenizer:
 
 def _locate(config: RunConfig) -> tuple[str, str, int, Tokenizer]:
     """(kind, source, output rows, tokenizer) of the teacher, without loading weights."""
-    from ropelab.evaluate.interchange import _is_local, _vocab_from_weights, resolve_checkpoint
+    from ropelab.evaluate.interchange import _is_local, resolve_checkpoint
+    from ropelab.train.checkpoint import weights_vocab
 
     name = config.distill.teacher
     path = Path(name).expanduser()
@@ -101,7 +102,7 @@ def _locate(config: RunConfig) -> tuple[str, str, int, Tokenizer]:
 
         run_dir, folder = resolve_checkpoint(path)
         teacher_config = load_run_config(run_dir)
-        rows = teacher_config.model.vocab_size or _vocab_from_weights(folder / "model.safetensors")
+        rows = teacher_config.model.vocab_size or weights_vocab(folder)
         d = teacher_config.data
         return "ropelab", str(folder), rows, load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
     if _is_local(name) and not (path.is_dir() and any((path / m).is_file() for m in _HF_MARKERS)):

@@ -78,13 +78,6 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     )
 
 
-def _vocab_from_weights(weights: Path) -> int:
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as f:
-        return int(f.get_slice("embed.weight").get_shape()[0])
-
-
 def checkpoint_config(path: str | Path) -> tuple[RunConfig, Path]:
     """(the configuration the trainer held at the checkpoint, the checkpoint folder) for a run, a
     checkpoint or an imported folder: for a multi-phase run, that phase's config (its RoPE theta,
@@ -93,11 +86,10 @@ def checkpoint_config(path: str | Path) -> tuple[RunConfig, Path]:
 
     run_dir, folder = resolve_checkpoint(path)
     config = load_run_config(run_dir)
-    weights = folder / "model.safetensors"
-    if not weights.is_file():
-        raise ConfigError(f"{folder}: no model.safetensors")
+    if not ckpt.has_weights(folder):
+        raise ConfigError(f"{folder}: no model.safetensors (nor a dcp/ checkpoint)")
     if config.model.vocab_size is None:  # config.yaml written before the vocabulary was known
-        config.model.vocab_size = _vocab_from_weights(weights)
+        config.model.vocab_size = ckpt.weights_vocab(folder)
     return _config_at(config, folder), folder
 
 
@@ -106,7 +98,7 @@ def load_model(path: str | Path) -> tuple[Transformer, RunConfig]:
     folder, with its configuration (`checkpoint_config`). fp32 on the CPU, eval mode."""
     config, folder = checkpoint_config(path)
     model = Transformer(config.model)
-    ckpt.load_model_state(model, folder / "model.safetensors")
+    ckpt.load_weights(model, folder)
     return model.eval(), config
 
 

@@ -3,7 +3,9 @@
 A checkpoint is a folder ``checkpoints/step_<N>/``:
   dcp/                 model and optimizer state, torch.distributed.checkpoint format: each rank
                        writes its own shards, and loading reshards to the current world size
-  model.safetensors    the full weights in one file (rank 0), for export, evaluation and probing
+  model.safetensors    the full weights in one file (rank 0), for export, evaluation and probing;
+                       with `train.full_weights=boundaries` only at phase ends and the last step
+                       (`load_weights` reads the model part of dcp/ where it is absent)
   state.pt             step, phase, data position, world size and global batch (rank 0)
   rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states
   PHASE                (phase-boundary checkpoints only) the phase's name; never pruned
@@ -98,6 +100,44 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return _dedup_tied(model.state_dict(), model)
 
 
+WEIGHTS = "model.safetensors"
+
+
+def has_weights(folder: Path) -> bool:
+    return (Path(folder) / WEIGHTS).is_file() or (Path(folder) / "dcp" / ".metadata").is_file()
+
+
+def load_weights(model: torch.nn.Module, folder: Path) -> None:
+    """A checkpoint's (or imported folder's) weights into `model` in this process: model.safetensors
+    when it was written, else the model part of the sharded dcp/ state, gathered."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    if (folder / WEIGHTS).is_file():
+        load_model_state(model, folder / WEIGHTS)
+        return
+    if not has_weights(folder):
+        raise ConfigError(f"{folder}: no {WEIGHTS} and no dcp/ checkpoint")
+    state = model.state_dict()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
+        dcp.load({"model": state}, checkpoint_id=str(folder / "dcp"))
+    model.load_state_dict(state)
+
+
+def weights_vocab(folder: Path) -> int:
+    """Rows of the token embedding stored in a checkpoint folder."""
+    folder = Path(folder)
+    if (folder / WEIGHTS).is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+            return int(f.get_slice("embed.weight").get_shape()[0])
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return int(FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata["model.embed.weight"].size[0])
+
+
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
     state = load_file(str(path))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -122,9 +162,10 @@ def clear_partial(run_dir: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int,
-                    env: Optional[DistEnv] = None, phase_end: Optional[str] = None) -> Path:
+                    env: Optional[DistEnv] = None, phase_end: Optional[str] = None, full_weights: bool = True) -> Path:
     """Collective: every rank calls it with its own (possibly sharded) model and optimizer.
-    `phase_end` names the phase this checkpoint completes (kept for good)."""
+    `phase_end` names the phase this checkpoint completes (kept for good); `full_weights` adds
+    model.safetensors (under FSDP a gather of every weight onto rank 0)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -142,10 +183,11 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
-    weights = _full_weights(model)
+    weights = _full_weights(model) if full_weights else None
     torch.save(rng_state(), tmp / f"rng_rank{env.rank}.pt")
+    if env.is_main and weights is not None:
+        save_file(_dedup_tied(weights, model), str(tmp / WEIGHTS))
     if env.is_main:
-        save_file(_dedup_tied(weights, model), str(tmp / "model.safetensors"))
         torch.save({"step": step, "world": env.world, **extra}, tmp / "state.pt")
     env.barrier()
     if env.is_main:

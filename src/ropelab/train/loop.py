@@ -292,7 +292,9 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
                  "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results}
         phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
-        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end)
+        every = tc.full_weights == "every" or (tc.full_weights == "auto" and tc.parallel != "fsdp")
+        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end,
+                             full_weights=every or at_step == phase.end)
 
     progress = _progress(tc.progress and env.is_main)
     stop = _GracefulStop()
