@@ -70,6 +70,10 @@ def assert_same_run(a, b, atol):
     la, lb = losses(a), losses(b)
     assert len(la) == len(lb) == STEPS
     assert max(abs(x - y) for x, y in zip(la, lb)) <= atol
+    # validation is split across the ranks: the same windows, the same mean
+    va, vb = ([(r["step"], r["val_loss"]) for r in read_metrics(run) if "val_loss" in r] for run in (a, b))
+    assert [s for s, _ in va] == [s for s, _ in vb] == [5, 10]
+    assert max(abs(x - y) for (_, x), (_, y) in zip(va, vb)) <= atol
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys()
     for name in wa:

@@ -60,6 +60,14 @@ class DistEnv:
         dist.all_reduce(t)
         return t.item() / self.world
 
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value summed over the ranks."""
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
     def broadcast_object(self, obj):
         if not self.active:
             return obj

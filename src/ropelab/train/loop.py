@@ -75,21 +75,31 @@ def autocast(config: RunConfig, device: torch.device):
 
 
 @torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, loader: PackedLoader, config: RunConfig, device: torch.device) -> float:
-    """Mean validation loss over the first `eval_batches` micro-batches (every rank runs all of them,
-    so that FSDP's collective forwards stay in step)."""
+def evaluate_loss(model: torch.nn.Module, loader: PackedLoader, config: RunConfig, device: torch.device,
+                  env: Optional[DistEnv] = None) -> float:
+    """Mean validation loss per labelled token over the first `eval_batches` x `micro_batch` windows,
+    split across the data-parallel ranks (rank r takes windows r, r + world, ...), so that the figure
+    does not depend on the world size. Every rank runs the same number of forwards (FSDP's are
+    collective); a rank with fewer windows repeats its first micro-batch without counting it."""
+    env = env or DistEnv()
+    micro, use_doc_ids = config.train.micro_batch, config.attention.doc_mask
+    windows = min(config.train.eval_batches * micro, loader.num_windows)
+    mine = list(loader.sequential(windows, micro, env.rank, env.world))
+    rounds = math.ceil(math.ceil(windows / env.world) / micro)  # rank 0's count, the largest
+    filler = mine[0] if mine else loader.collate([0])
     model.eval()
-    total, count = 0.0, 0
-    use_doc_ids = config.attention.doc_mask
-    for batch in loader.sequential(config.train.eval_batches * config.train.micro_batch, config.train.micro_batch):
-        batch = batch.to(device)
+    total, tokens = 0.0, 0
+    for i in range(rounds):
+        batch = (mine[i] if i < len(mine) else filler).to(device)
         with autocast(config, device):
             _, loss = model(batch.input_ids, batch.labels, batch.position_ids, batch.doc_ids if use_doc_ids else None)
-        n = batch.input_ids.shape[0]
-        total += loss.item() * n
-        count += n
+        labelled = int((batch.labels != -100).sum())
+        if i < len(mine) and labelled:
+            total += loss.item() * labelled
+            tokens += labelled
     model.train()
-    return total / count
+    total, tokens = env.sum([total, tokens], device)
+    return total / tokens
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
@@ -349,7 +359,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 if reason is not None:
                     row.update(skipped=reason, skipped_total=guard.skipped)
                 if step % ptc.eval_every == 0 or step == phase.end:
-                    last_val = evaluate_loss(forward, val_loader, pc, device)
+                    last_val = evaluate_loss(forward, val_loader, pc, device, env)
                     row["val_loss"] = last_val
                 if step == phase.end and len(phases) > 1:
                     phase_results.append({"name": phase.name, "end_step": step, "val_loss": last_val})
