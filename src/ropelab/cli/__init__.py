@@ -1,0 +1,50 @@
+"""Command line: a thin layer over library functions. Each module of this package owns the table
+of its commands (`COMMANDS`); `ropelab.cli.COMMANDS` is their concatenation, in help order.
+
+Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ropelab.cli import data, evaluate, interchange, probe, study, train
+from ropelab.cli.common import OVERRIDES_HELP, Command
+from ropelab.config import ConfigError
+from ropelab.errors import TrainingDiverged
+
+COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *evaluate.COMMANDS,
+                           *data.COMMANDS, *probe.COMMANDS]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ropelab", description="Train, distill, evaluate and dissect RoPE in decoder-only LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, add_arguments, handler, help_text in COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=OVERRIDES_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(p)
+        p.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"ropelab: error: {exc}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as exc:
+        print(f"ropelab: training stopped: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        out = getattr(args, "out", None)
+        hint = f"; resume with: ropelab {args.command} --out {out} --resume" if out else ""
+        print(f"ropelab: interrupted{hint}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""`ropelab eval lm` and `ropelab eval longctx`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ropelab.cli.common import Command, command_group, numbers, token_counts
+from ropelab.config import ConfigError
+
+
+def _add_eval_lm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, <run>/checkpoints/step_N folders or imported folders")
+    p.add_argument("--tasks", default="paper",
+                   help="`paper` (the seed's suite: arc_easy, arc_challenge, logiqa, lambada_openai, piqa, sciq, "
+                        "winogrande, wsc273, pubmedqa) or comma-separated lm-eval task names (default: paper)")
+    p.add_argument("--out", dest="out_dir", required=True, help="folder for results.json, results.md, lambada_ppl_vs_fraction.png")
+    p.add_argument("--limit", type=float, help="at most N examples per task (a fraction if < 1); for quick checks only")
+    p.add_argument("--include-path", help="folder of extra lm-eval task YAMLs")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--max-length", type=int, help="tokens per forward pass (default: the run's data.seq_len)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"], help="weights dtype (default float32)")
+
+
+def cmd_eval_lm(args: argparse.Namespace) -> int:
+    try:
+        from ropelab.evaluate.lm_eval import evaluate_lm
+    except ImportError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+    results = evaluate_lm(args.runs, args.tasks, args.out_dir, limit=args.limit, include_path=args.include_path,
+                          batch_size=args.batch_size, device=args.device, max_length=args.max_length, dtype=args.dtype)
+    print(open(results["files"]["results.md"]).read().rstrip())
+    print("wrote " + ", ".join(results["files"].values()))
+    return 0
+
+
+def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, <run>/checkpoints/step_N folders or imported folders")
+    p.add_argument("--out", dest="out_dir", required=True,
+                   help="folder for longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png (not one holding earlier ones)")
+    p.add_argument("--tasks", help="comma-separated: passkey, needle (default: both)")
+    p.add_argument("--lengths", type=token_counts, help="prompt lengths in tokens, k = 1024 (default 256,512,1k,2k,4k)")
+    p.add_argument("--depths", type=numbers, help="needle positions in the haystack, 0 = start, 1 = end (default 0,0.25,0.5,0.75,1)")
+    p.add_argument("--items", type=int, help="items per (length, depth) cell (default 2)")
+    p.add_argument("--distractors", type=int, help="wrong answers the true one is ranked against (default 9)")
+    p.add_argument("--digits", type=int, help="digits of the answer (default 5)")
+    p.add_argument("--loss-length", type=int, help="loss-by-position window in tokens (default: the longest length; 0: skip)")
+    p.add_argument("--loss-windows", type=int, help="validation windows for loss by position (default 4)")
+    p.add_argument("--seed", type=int, help="item seed (default 0): equal seeds give equal items to runs of one data config")
+    p.add_argument("--batch-size", type=int, help="prompts (or loss windows) per forward pass (default 8)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_eval_longctx(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.longctx import evaluate_longctx
+
+    names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed", "batch_size")
+    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    results = evaluate_longctx(args.runs, args.out_dir, device=args.device, progress=not args.no_progress, **options)
+    print(open(results["files"]["longctx.md"]).read().rstrip())
+    print("wrote " + ", ".join(results["files"].values()))
+    return 0
+
+
+EVAL_COMMANDS: list[Command] = [
+    ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
+    ("longctx", _add_eval_longctx, cmd_eval_longctx,
+     "passkey and needle-in-a-haystack retrieval over context lengths x depths, and loss by position"),
+]
+
+
+_add_eval, cmd_eval = command_group(EVAL_COMMANDS, "eval")
+
+
+COMMANDS: list[Command] = [
+    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, loss by position)"),
+]

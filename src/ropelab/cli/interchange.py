@@ -1,0 +1,45 @@
+"""`ropelab export` and `ropelab import`: Hugging Face model folders."""
+
+from __future__ import annotations
+
+import argparse
+
+from ropelab.cli.common import Command
+
+
+def _add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run directory (latest checkpoint), <run>/checkpoints/step_N, or an imported folder")
+    p.add_argument("--out", dest="out_dir", required=True, help="new folder for the Hugging Face model (must not exist or be empty)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.interchange import export_hf
+
+    info = export_hf(args.source, args.out_dir)
+    print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
+    if info.get("route") == "remote_code":
+        print(f"no native transformers class ({info['why']}): modeling code shipped; load with trust_remote_code=True")
+    print(f"files: {', '.join(info['files'])}")
+    print(f"tokenizer: {info['tokenizer']}")
+    return 0
+
+
+def _add_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="HF_NAME_OR_PATH", help="a Hugging Face hub name or a local model folder (Llama, Qwen2, Qwen3, GPT-NeoX)")
+    p.add_argument("--out", dest="out_dir", help="new ropelab folder, must not exist or be empty (default: runs/<model name>)")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.interchange import import_hf
+
+    out_dir = args.out_dir or f"runs/{args.source.rstrip('/').split('/')[-1]}"
+    info = import_hf(args.source, out_dir)
+    print(f"imported {info['source']} ({info['architecture']}, {info['params']:,} params) -> {info['out_dir']}")
+    print(f"wrote config.yaml, {info['checkpoint']}, import.json; tokenizer: {info['tokenizer']}")
+    return 0
+
+
+COMMANDS: list[Command] = [
+    ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
+    ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
+]

@@ -1,0 +1,158 @@
+"""`ropelab study`, `report`, `memory` and `rope-base`: the partial-RoPE study and its arithmetic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ropelab.cli.common import Command, numbers, token_counts
+from ropelab.config import ConfigError, MODEL_PRESETS
+
+
+def _add_study(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="study YAML (base, variants, grid); default: the seed's fraction grid on tiny-llama")
+    p.add_argument("--out", default="study", help="study directory (default: ./study)")
+    p.add_argument("--jobs", type=int, help="runs trained at once, CPU threads split between them (default: one per CPU core without CUDA, else 1)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (runs, tokens, FLOPs, GPU-hours, memory) and stop")
+    p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the dry-run's GPU-hours (default 0.4)")
+    p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
+
+
+def default_jobs() -> int:
+    import os
+
+    import torch
+
+    return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from ropelab.study.grid import default_study, expand, load_study
+    from ropelab.study.plan import print_plan
+
+    study = load_study(args.config) if args.config else default_study()
+    if args.dry_run:
+        print_plan(expand(study), args.mfu)
+        return 0
+    from ropelab.study.runner import run_study
+
+    statuses = run_study(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    if study.longctx is not None:
+        from ropelab.study.sections import evaluate_study_longctx
+
+        evaluate_study_longctx(args.out, study.longctx, [k for k, v in statuses.items() if v == "done"], not args.no_live)
+    from ropelab.study.report import write_report
+
+    paths = write_report(args.out)
+    failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
+    print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['report.html']}")
+    if failed:
+        print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def _add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study_dir", help="a study directory (holding runs/)")
+    p.add_argument("--target", type=float, help="loss for steps-to-target (default: what full RoPE reached)")
+    p.add_argument("--out", help="write the report here instead of STUDY_DIR")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ropelab.study.report import write_report
+
+    paths = write_report(args.study_dir, target=args.target, out_dir=args.out)
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _add_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presets", default="llama-3.2-1b,pythia-1b,llama-3.1-8b", help="comma-separated model presets")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype of the duplicated (HF-style) cache")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs for the replicated vs sharded columns")
+    p.add_argument("--out", help="folder for memory.csv and memory.png")
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    import csv
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.study.memory import memory_table, plot_memory
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    for name in presets:
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"--presets: unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
+    rows = memory_table(presets, dtype=args.dtype, gpus=args.gpus)
+    table = Table(title=f"RoPE cache bytes per GPU (ropelab fp32 half-table | HF-style {args.dtype} duplicated; x{args.gpus} GPUs)")
+    for col in ("preset", "fraction", "dims", "seq_len", "ropelab", "HF-style replicated", f"HF-style sharded /{args.gpus}"):
+        table.add_column(col, justify="right")
+    gib = lambda b: f"{b / 2**30:.3f} GiB"  # noqa: E731
+    for r in rows:
+        if r["seq_len"] in (2048, 131072, 1048576, 10_000_000):
+            table.add_row(r["preset"], str(r["fraction"]), str(r["rotary_dims"]), f"{r['seq_len']:,}", gib(r["ropelab_bytes_replicated"]),
+                          gib(r["duplicated_bytes_replicated"]), gib(r["duplicated_bytes_sharded"]))
+    Console().print(table)
+    print("cache: none holds 0 bytes at any length (cos/sin computed from positions on the fly)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "memory.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        plot_memory(rows, out / "memory.png")
+        print(f"wrote {out / 'memory.csv'} and {out / 'memory.png'}")
+    return 0
+
+
+def _add_rope_base(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", type=token_counts, default=[2048, 8192, 32768, 131072],
+                   help="context lengths in tokens, k = 1024, M = 1024^2 (default 2k,8k,32k,128k; 128k takes 15-50 s per dims value on a CPU core)")
+    p.add_argument("--dims", type=token_counts, default=[64, 128], help="rotary dims d (default 64,128: Llama-3.2-1B, Llama-3.1-8B)")
+    p.add_argument("--theta", type=numbers, default=[10_000.0, 500_000.0], help="bases to check against each context (default 10000,500000)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def cmd_rope_base(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.rope_bound import bound_table
+
+    rows = bound_table(args.context, args.dims, args.theta, progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    cell = {(r["rotary_dims"], r["context"]): r for r in rows}
+    table = Table(title="lower bound on the RoPE base (Men et al. 2024): B(m) = sum_i cos(m base^(-2i/d)) >= 0 for m <= context")
+    table.add_column("rotary dims d", justify="right")
+    for context in args.context:
+        table.add_column(f"{context:,} tokens", justify="right")
+    for d in args.dims:
+        bounds = [cell[d, c]["base_lower_bound"] for c in args.context]
+        table.add_row(str(d), *("none below 1e30" if b is None else f"{b:.3g}" for b in bounds))
+    Console().print(table)
+    if args.theta:
+        check = Table(title="each base: first distance m with B(m) < 0, and the contexts it covers")
+        for column in ("base", "d", "first m with B(m) < 0", *(f"{c:,}" for c in args.context)):
+            check.add_column(column, justify="right")
+        for theta in args.theta:
+            for d in args.dims:
+                firsts = [cell[d, c]["first_negative"][theta] for c in args.context]
+                first = next((m for m in firsts if m is not None), None)
+                check.add_row(f"{theta:g}", str(d), "none" if first is None else f"{first:,}",
+                              *("ok" if m is None else "fails" for m in firsts))
+        Console().print(check)
+    return 0
+
+
+COMMANDS: list[Command] = [
+    ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
+    ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
+    ("rope-base", _add_rope_base, cmd_rope_base, "lower bound on the RoPE base for a context length per rotary dims (Men et al. 2024)"),
+    ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
+]
