@@ -311,6 +311,16 @@ def rotate_in_place(
     return q, k
 
 
+def _shared_run_start(position_ids: torch.Tensor) -> Optional[int]:
+    """s when every row of position_ids (B, T) is s, s + 1, ..., s + T - 1 (running positions); else None."""
+    first = position_ids[0]
+    start = int(first[0])
+    run = torch.arange(start, start + first.numel(), dtype=first.dtype, device=first.device)
+    if start < 0 or not torch.equal(first, run):
+        return None
+    return start if position_ids.stride(0) == 0 or bool((position_ids == run).all()) else None
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE for one layer setting: frequencies, an optional cos/sin table, and the rotation.
 
@@ -341,25 +351,27 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = inverse_frequencies(self.rotary_dims, self.head_dim, theta, self.config.style)
         self.cos_table = self.sin_table = None
 
-    def _table(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cos/sin table, grown to cover every position in position_ids; each (positions, rotary_dims/2)."""
-        needed = int(position_ids.max()) + 1
-        if self.cos_table is None or self.cos_table.shape[0] < needed or self.cos_table.device != position_ids.device:
+    def _table(self, needed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin table, grown to cover positions 0..needed-1; each (positions, rotary_dims/2)."""
+        if self.cos_table is None or self.cos_table.shape[0] < needed or self.cos_table.device != device:
             size = max(needed, 0 if self.cos_table is None else self.cos_table.shape[0])
-            positions = torch.arange(size, device=position_ids.device)
-            self.cos_table, self.sin_table = rope_angles(positions, self.inv_freq)
+            self.cos_table, self.sin_table = rope_angles(torch.arange(size, device=device), self.inv_freq)
         return self.cos_table, self.sin_table
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for position ids (B, T) -> each (B, 1, T, rotary_dims/2), float32."""
+        """cos/sin for position ids (B, T) -> each (B or 1, 1, T, rotary_dims/2), float32."""
         if self.config.cache == "none" or torch.compiler.is_compiling():
             # Under torch.compile the table's data-dependent size (max position) would break the
             # graph; the angles of the positions themselves are the same numbers the table holds.
             cos, sin = rope_angles(position_ids, self.inv_freq)
-        else:
-            cos_table, sin_table = self._table(position_ids)
-            cos, sin = cos_table[position_ids], sin_table[position_ids]
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+            return cos.unsqueeze(1), sin.unsqueeze(1)
+        start = _shared_run_start(position_ids) if position_ids.device.type == "cpu" else None
+        if start is not None:  # every row start, start + 1, ...: a slice of the table, no gather
+            T = position_ids.shape[-1]
+            cos_table, sin_table = self._table(start + T, position_ids.device)
+            return cos_table[start: start + T][None, None], sin_table[start: start + T][None, None]
+        cos_table, sin_table = self._table(int(position_ids.max()) + 1, position_ids.device)
+        return cos_table[position_ids].unsqueeze(1), sin_table[position_ids].unsqueeze(1)
 
     def _triton_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
         """On CUDA with Triton: a rotation that takes its angles from the positions inside the kernel
@@ -370,7 +382,7 @@ class RotaryEmbedding(nn.Module):
         if self.config.cache == "none":
             angles = {"inv_freq": self.inv_freq}
         else:
-            cos_table, sin_table = self._table(position_ids)
+            cos_table, sin_table = self._table(int(position_ids.max()) + 1, position_ids.device)
             angles = {"cos_table": cos_table, "sin_table": sin_table}
         return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
                                  positions=position_ids, **angles)

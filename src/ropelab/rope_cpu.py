@@ -84,6 +84,9 @@ static inline __attribute__((always_inline)) void rotate_rows(
     char *base, const rows_t *g, int64_t lo, int64_t hi, const float *cos, const float *sin,
     const int64_t half, const int interleaved, const int bf16, const float sign) {
   const int64_t size = bf16 ? 2 : 4;
+  /* A row rotated whole is a plain stream, which the hardware prefetchers follow; a part of each
+     row is not (at fraction 0.1 one cache line of four), so then ask for the row 32 ahead. */
+  const int prefetch = 2 * half < g->x[2];
   int64_t i2 = lo % g->n[2], rest = lo / g->n[2], i1 = rest % g->n[1], i0 = rest / g->n[1];
   int64_t r = lo;
   while (r < hi) {
@@ -92,9 +95,7 @@ static inline __attribute__((always_inline)) void rotate_rows(
     char *x = base + size * (i0 * g->x[0] + i1 * g->x[1] + i2 * g->x[2]);
     int64_t at = i0 * g->c[0] + i1 * g->c[1] + i2 * g->c[2];
     for (; r < stop; r++, x += size * g->x[2], at += g->c[2]) {
-      /* Rows are g->x[2] elements apart; at small fractions each touches one cache line, a
-         pattern the hardware prefetchers follow poorly, so ask for the row 32 ahead. */
-      __builtin_prefetch(x + 32 * size * g->x[2], 1);
+      if (prefetch) __builtin_prefetch(x + 32 * size * g->x[2], 1);
       if (interleaved) rotate_pairs(x, x + size, cos + at, sin + at, half, 2, bf16, sign);
       else rotate_pairs(x, x + size * half, cos + at, sin + at, half, 1, bf16, sign);
     }
