@@ -1,0 +1,97 @@
+"""The decoder itself: causality, parameter accounting, ignored labels, hidden states, layer RoPE sharing.
+(Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in tests/evaluate/test_hf_parity.py.)"""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
+from ropelab.model import Transformer, count_params_meta, model_summary
+
+TINY = dict(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=64)
+BLOCKS = {
+    "llama": {},
+    "pythia": dict(block="parallel", norm="layernorm", mlp="gelu", attn_bias=True, mlp_bias=True, tie_embeddings=False),
+}
+
+
+def _model(seed=0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(**{**TINY, **overrides})).eval()
+
+
+@settings(max_examples=10, deadline=None)
+@given(block=st.sampled_from(sorted(BLOCKS)), fraction=st.sampled_from([0.0, 0.25, 1.0]), cut=st.integers(1, 15),
+       seed=st.integers(0, 2**16))
+def test_logits_never_depend_on_later_tokens(block, fraction, cut, seed):
+    model = _model(**BLOCKS[block], rope=RopeConfig(fraction=fraction))
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 97, (2, 16), generator=g)
+    changed = ids.clone()
+    changed[:, cut:] = torch.randint(0, 97, (2, 16 - cut), generator=g)
+    with torch.no_grad():
+        a, _ = model(ids)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, :cut], b[:, :cut], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_parameter_counts(block):
+    model = _model(**BLOCKS[block])
+    c = model.config
+    unique = {id(p): p.numel() for p in model.parameters()}
+    assert model.num_params() == sum(unique.values())
+    embeddings = c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
+    assert model.num_params(non_embedding=True) == model.num_params() - embeddings
+    assert count_params_meta(c) == model.num_params()
+    assert (model.lm_head.weight is model.embed.weight) == c.tie_embeddings
+    assert model_summary(model)["params"] == model.num_params()
+
+
+def test_shipped_small_presets_build_and_count_on_meta():
+    """Every preset counts its parameters without allocating them; the two small ones also build."""
+    for name, preset in MODEL_PRESETS.items():
+        config = dataclasses.replace(preset, vocab_size=preset.vocab_size or 512)
+        assert count_params_meta(config) > 0, name
+    for name in ("tiny-llama", "tiny-pythia"):
+        config = dataclasses.replace(MODEL_PRESETS[name], vocab_size=512)
+        assert Transformer(config).num_params() == count_params_meta(config)
+
+
+def test_loss_ignores_labels_of_minus_100_and_equals_cross_entropy():
+    model = _model()
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    targets = ids.roll(-1, dims=1)
+    targets[:, ::3] = -100
+    logits, loss = model(ids, targets)
+    keep = targets != -100
+    assert loss.item() == pytest.approx(F.cross_entropy(logits[keep], targets[keep]).item(), rel=1e-6)
+
+
+def test_hidden_states_through_the_head_are_the_logits():
+    model = _model()
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hidden, none = model(ids, return_hidden=True)
+        logits, _ = model(ids)
+    assert none is None and hidden.shape == (1, 10, 32)
+    torch.testing.assert_close(model.lm_head(hidden), logits, rtol=0, atol=0)
+
+
+def test_layers_with_the_same_rope_share_one_module():
+    model = _model(n_layer=3, rope_layers={1: {"fraction": 0.0}})
+    assert len(model.ropes) == 2
+    first, second, third = (block.attn.rope for block in model.blocks)
+    assert first is third and first is not second and second.rotary_dims == 0
+
+
+def test_init_and_vocab_required():
+    model = _model(init_std=0.05)
+    assert model.embed.weight.std().item() == pytest.approx(0.05, rel=0.1)
+    assert all(torch.equal(b.attn_norm.weight, torch.ones(32)) for b in model.blocks)
+    with pytest.raises(ValueError, match="vocab_size"):
+        Transformer(ModelConfig(**{**TINY, "vocab_size": None}))
