@@ -165,19 +165,22 @@ def main() -> None:
         "ropelab_torch_over_ropelab_at_0.25": ratio(("ropelab_torch", 0.25), ("ropelab", 0.25)),
         "hf_neox_over_ropelab_torch_at_0.25": ratio(("hf_neox", 0.25), ("ropelab_torch", 0.25)),
     }
+    def fmt(value: float, unit: str = "x") -> str:
+        return "n/a" if math.isnan(value) else f"{value:.2f}{unit}"
+
     print("ratios (fwd+bwd unless named):")
     if args.layout != "half":
         print("  (HF's functions rotate the half layout only: no HF figures for this layout)")
-    print(f"  HF partial(0.25) / ropelab(0.25)   {ratios['hf_neox_over_ropelab_at_0.25']:.2f}x   target >= 2")
-    print(f"  ropelab full / copy                {ratios['ropelab_full_over_copy']:.2f}x   target <= 1.5"
-          f"   (forward alone: {ratios['ropelab_full_fwd_over_copy']:.2f}x; fwd+bwd / two copies: "
-          f"{ratios['ropelab_full_over_two_copies']:.2f}x)")
-    print(f"  ropelab time({low}) / time(1.0)     {ratios[f'ropelab_{low}_over_full']:.2f}    target <= 0.3"
-          f"   (forward alone: {ratios[f'ropelab_{low}_over_full_fwd']:.2f})")
-    print(f"  HF Llama full / ropelab full       {ratios['hf_llama_over_ropelab_full']:.2f}x")
-    print(f"  ropelab reference / fast at 0.25   {ratios['ropelab_ref_over_ropelab_at_0.25']:.2f}x")
-    print(f"  ropelab torch path / C at 0.25     {ratios['ropelab_torch_over_ropelab_at_0.25']:.2f}x"
-          f"   (HF partial / torch path: {ratios['hf_neox_over_ropelab_torch_at_0.25']:.2f}x)")
+    print(f"  HF partial(0.25) / ropelab(0.25)   {fmt(ratios['hf_neox_over_ropelab_at_0.25'])}   target >= 2")
+    print(f"  ropelab full / copy                {fmt(ratios['ropelab_full_over_copy'])}   target <= 1.5"
+          f"   (forward alone: {fmt(ratios['ropelab_full_fwd_over_copy'])}; fwd+bwd / two copies: "
+          f"{fmt(ratios['ropelab_full_over_two_copies'])})")
+    print(f"  ropelab time({low}) / time(1.0)     {fmt(ratios[f'ropelab_{low}_over_full'], '')}    target <= 0.3"
+          f"   (forward alone: {fmt(ratios[f'ropelab_{low}_over_full_fwd'], '')})")
+    print(f"  HF Llama full / ropelab full       {fmt(ratios['hf_llama_over_ropelab_full'])}")
+    print(f"  ropelab reference / fast at 0.25   {fmt(ratios['ropelab_ref_over_ropelab_at_0.25'])}")
+    print(f"  ropelab torch path / C at 0.25     {fmt(ratios['ropelab_torch_over_ropelab_at_0.25'])}"
+          f"   (HF partial / torch path: {fmt(ratios['hf_neox_over_ropelab_torch_at_0.25'])})")
     record = {
         "benchmark": "rope", "shape_q": [B, H, T, D], "shape_k": [B, K, T, D], "dtype": args.dtype,
         "layout": args.layout, "threads": torch.get_num_threads(), "reps": args.reps, "torch": torch.__version__,
