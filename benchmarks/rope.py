@@ -86,7 +86,7 @@ def main() -> None:
     k_leaf = torch.randn(B, K, T, D, generator=gen).to(dtype)
     grad_q = torch.randn(B, H, T, D, generator=gen).to(dtype)
     grad_k = torch.randn(B, K, T, D, generator=gen).to(dtype)
-    position_ids = torch.arange(T).expand(B, T)
+    position_ids = torch.arange(T).repeat(B, 1)
     q_copy, k_copy = torch.empty_like(q_leaf), torch.empty_like(k_leaf)
 
     # One callable per (method, fraction): q, k -> rotated q, k; `torch_only` names the torch-path runs.
@@ -101,7 +101,9 @@ def main() -> None:
         for name, inplace in (("ropelab", None), ("ropelab_torch", None), ("ropelab_ref", False)):
             rope = RotaryEmbedding(RopeConfig(fraction=fraction, theta=theta, layout=args.layout, cache="table"), D)
             rope.inplace = inplace
-            cases[(name, fraction)] = lambda q, k, rope=rope: rope(q, k, position_ids)
+            # A new position tensor per call: the module looks its angles up again (a model does
+            # so once per forward, shared by its layers), so the lookup is timed every time.
+            cases[(name, fraction)] = lambda q, k, rope=rope: rope(q, k, position_ids.clone())
         torch_only.add(("ropelab_torch", fraction))
 
     def run_rope(key):

@@ -250,6 +250,21 @@ def test_table_lookup_equals_the_angles_of_the_positions(positions, sliced):
     assert (cos.untyped_storage().data_ptr() == rope.cos_table.untyped_storage().data_ptr()) == sliced
 
 
+def test_angles_are_looked_up_once_per_position_tensor():
+    """Layers sharing a RotaryEmbedding reuse the angles of the same position ids; a change to the
+    ids (in place) or to theta recomputes them."""
+    rope = RotaryEmbedding(RopeConfig(fraction=0.5, cache="table"), 16)
+    positions = torch.arange(8).repeat(2, 1)
+    first = rope.cos_sin(positions)
+    assert rope.cos_sin(positions) is first
+    assert rope.cos_sin(positions.clone()) is not first
+    positions.add_(3)
+    moved = rope.cos_sin(positions)
+    torch.testing.assert_close(moved[0].expand(2, 1, 8, 4), RotaryEmbedding(RopeConfig(fraction=0.5, cache="none"), 16).cos_sin(positions)[0])
+    rope.set_theta(500_000.0)
+    assert not torch.equal(rope.cos_sin(positions)[0], moved[0])
+
+
 # ------------------------------------------------------------- (h) cache size
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -338,6 +339,9 @@ class RotaryEmbedding(nn.Module):
         self.sin_table: Optional[torch.Tensor] = None
         # None: in place when safe (training); True: also without grad (inference); False: never.
         self.inplace: Optional[bool] = None
+        # The last position ids seen (weakly held, with their version) and their cos/sin: the layers
+        # that share this module look the angles up once per forward.
+        self._last: Optional[tuple] = None
 
     @property
     def theta(self) -> float:
@@ -350,6 +354,7 @@ class RotaryEmbedding(nn.Module):
         self.config.theta = float(theta)
         self.inv_freq = inverse_frequencies(self.rotary_dims, self.head_dim, theta, self.config.style)
         self.cos_table = self.sin_table = None
+        self._last = None
 
     def _table(self, needed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos/sin table, grown to cover positions 0..needed-1; each (positions, rotary_dims/2)."""
@@ -360,11 +365,24 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for position ids (B, T) -> each (B or 1, 1, T, rotary_dims/2), float32."""
-        if self.config.cache == "none" or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             # Under torch.compile the table's data-dependent size (max position) would break the
             # graph; the angles of the positions themselves are the same numbers the table holds.
-            cos, sin = rope_angles(position_ids, self.inv_freq)
-            return cos.unsqueeze(1), sin.unsqueeze(1)
+            return self._angles(position_ids)
+        last = self._last
+        if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
+            return last[2]
+        cos_sin = self._cos_sin(position_ids)
+        self._last = (weakref.ref(position_ids), position_ids._version, cos_sin)
+        return cos_sin
+
+    def _angles(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_angles(position_ids, self.inv_freq)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.cache == "none":
+            return self._angles(position_ids)
         start = _shared_run_start(position_ids) if position_ids.device.type == "cpu" else None
         if start is not None:  # every row start, start + 1, ...: a slice of the table, no gather
             T = position_ids.shape[-1]
