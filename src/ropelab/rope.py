@@ -36,6 +36,7 @@ import math
 import weakref
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -313,13 +314,11 @@ def rotate_in_place(
 
 
 def _shared_run_start(position_ids: torch.Tensor) -> Optional[int]:
-    """s when every row of position_ids (B, T) is s, s + 1, ..., s + T - 1 (running positions); else None."""
-    first = position_ids[0]
-    start = int(first[0])
-    run = torch.arange(start, start + first.numel(), dtype=first.dtype, device=first.device)
-    if start < 0 or not torch.equal(first, run):
-        return None
-    return start if position_ids.stride(0) == 0 or bool((position_ids == run).all()) else None
+    """s when every row of CPU position_ids (B, T) is s, s + 1, ..., s + T - 1 (running positions);
+    else None. In numpy: a few torch ops on 2k elements cost more than the rotation saves."""
+    ids = position_ids.numpy()
+    start = int(ids[0, 0])
+    return start if start >= 0 and bool((ids == np.arange(start, start + ids.shape[1])).all()) else None
 
 
 class RotaryEmbedding(nn.Module):
