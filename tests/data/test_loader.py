@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ropelab.data.loader import PackedLoader, whole_windows
+from ropelab.data.loader import PackedLoader, _greedy_edges, whole_windows
 from ropelab.data.tokens import Shard, TokenSplit
 
 EOS = 0
@@ -98,6 +98,22 @@ def test_whole_packing_pads_and_keeps_documents_whole():
 def test_whole_packing_cuts_long_documents():
     starts, lengths = whole_windows(make_split([3, 20, 2]), 8)
     assert list(zip(starts, lengths)) == [(0, 3), (3, 8), (11, 8), (19, 6)]
+    assert _greedy_edges(np.array([0, 3, 3, 10]), 4).tolist() == [0, 3, 7, 10]  # an empty document in between
+
+
+def _greedy_reference(split, seq_len):
+    """The greedy fill window by window: end at the last document end in reach, else cut a piece."""
+    starts, lengths = [], []
+    for base, shard in zip(split.token_bases, split.shards):
+        offsets = np.asarray(shard.doc_offsets)
+        pos, end = 0, int(offsets[-1])
+        while pos < end:
+            boundary = int(offsets[np.searchsorted(offsets, pos + seq_len, side="right") - 1])
+            stop = boundary if boundary > pos else min(pos + seq_len, end)
+            starts.append(int(base) + pos)
+            lengths.append(stop - pos)
+            pos = stop
+    return starts, lengths
 
 
 @settings(max_examples=60, deadline=None)
@@ -105,6 +121,7 @@ def test_whole_packing_cuts_long_documents():
 def test_whole_windows_tile_the_stream(lengths, shard_docs, seq_len):
     split = make_split(lengths, shard_docs)
     starts, sizes = whole_windows(split, seq_len)
+    assert (starts.tolist(), sizes.tolist()) == _greedy_reference(split, seq_len)
     assert starts[0] == 0 and np.array_equal(starts[1:], (starts + sizes)[:-1]) and starts[-1] + sizes[-1] == sum(lengths)
     assert (sizes >= 1).all() and (sizes <= seq_len).all()
     boundaries = set(np.cumsum([0] + list(lengths)).tolist())
