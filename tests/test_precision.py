@@ -58,6 +58,27 @@ def test_attention_and_gradients_match_native_bf16():
         assert (emulated - native).norm() <= 0.02 * native.norm()
 
 
+def test_linear_gradients_are_bf16_products_of_the_rounded_operands():
+    """Input, weight and bias gradients of a 3-D input: the fp64 products of the bf16-rounded incoming
+    gradient and operands, rounded to bf16 (one rounding step allowed), as PyTorch's bf16 kernels give."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 24, generator=g, requires_grad=True)
+    w = torch.randn(7, 24, generator=g, requires_grad=True)
+    b = torch.randn(7, generator=g, requires_grad=True)
+    upstream = torch.randn(2, 5, 7, generator=g).to(BF16)
+    out = _emulated(F.linear, x, w, b)
+    gx, gw, gb = torch.autograd.grad(out, (x, w, b), upstream)
+    assert gx.dtype == gw.dtype == gb.dtype == torch.float32
+    up, xr, wr = upstream.double().flatten(0, 1), x.detach().to(BF16).double().flatten(0, 1), w.detach().to(BF16).double()
+    for got, exact in ((gx.flatten(0, 1), up @ wr), (gw, up.T @ xr), (gb, up.sum(0))):
+        assert torch.equal(got, got.to(BF16).float())  # rounded to bf16
+        torch.testing.assert_close(got.double(), exact, rtol=2**-7, atol=1e-6)
+    with mixed_precision("cpu", True, "native"):
+        native = F.linear(x, w, b)
+    for a, n in zip((gx, gw, gb), torch.autograd.grad(native, (x, w, b), upstream)):
+        torch.testing.assert_close(a, n, rtol=2**-7, atol=1e-2)
+
+
 def test_inactive_without_bf16_autocast():
     x, w = torch.randn(3, 8), torch.randn(5, 8)
     with Bf16GemmInFp32():

@@ -45,15 +45,48 @@ def _bf16_valued(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype == torch.bfloat16 else x
 
 
+class _LinearBf16InFp32(torch.autograd.Function):
+    """y = x W^T + b as a bf16 GEMM computes it (bf16 operands, fp32 sums, bf16 result), in fp32
+    kernels, and so are both gradient products. Its own backward keeps them fp32 even where the
+    backward is traced under autocast (torch.compile), which would otherwise cast them to bf16."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x16, w16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(x16, w16)  # what autocast keeps for its bf16 backward
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        with torch.autocast("cpu", enabled=False):
+            y = F.linear(x16.float(), w16.float(), None if bias is None else _bf16_valued(bias))
+        return y.to(torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x16, w16 = ctx.saved_tensors
+        g = grad.float().flatten(0, -2)
+        grad_x = grad_w = grad_b = None
+        with torch.autocast("cpu", enabled=False):
+            if ctx.needs_input_grad[0]:
+                grad_x = (g @ w16.float()).to(torch.bfloat16).to(ctx.dtypes[0]).view(*grad.shape[:-1], -1)
+            if ctx.needs_input_grad[1]:
+                grad_w = (g.T @ x16.float().flatten(0, -2)).to(torch.bfloat16).to(ctx.dtypes[1])
+            if ctx.dtypes[2] is not None and ctx.needs_input_grad[2]:
+                grad_b = g.sum(0).to(torch.bfloat16).to(ctx.dtypes[2])
+        return grad_x, grad_w, grad_b
+
+
 class Bf16GemmInFp32(TorchFunctionMode):
-    """While CPU autocast is on in bf16: `F.linear` and `F.scaled_dot_product_attention` round their
-    floating operands to bf16, compute in fp32 with autocast off, and return bf16, as autocast's bf16
-    kernels would. Outside such an autocast region every call passes through unchanged."""
+    """While CPU autocast is on in bf16: `F.linear` (`_LinearBf16InFp32`) and
+    `F.scaled_dot_product_attention` (whose backward autocast leaves alone) round their floating
+    operands to bf16, compute in fp32 with autocast off, and return bf16, as autocast's bf16 kernels
+    would. Outside such an autocast region every call passes through unchanged."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func not in (F.linear, F.scaled_dot_product_attention) or not _cpu_bf16_autocast():
             return func(*args, **kwargs)
+        if func is F.linear:
+            x, weight, *rest = args
+            return _LinearBf16InFp32.apply(x, weight, rest[0] if rest else kwargs.get("bias"))
         args = tuple(_bf16_valued(a) if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {k: _bf16_valued(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         with torch.autocast("cpu", enabled=False):
