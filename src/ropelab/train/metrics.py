@@ -5,6 +5,7 @@ package is installed and ``train.tensorboard`` is on."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -16,7 +17,9 @@ class MetricsLog:
         self.path = Path(run_dir) / "metrics.jsonl"
         if self.path.exists():
             kept = [r for r in read_metrics(run_dir) if r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp = self.path.with_suffix(".jsonl.tmp")  # a crash while rewriting keeps the old file
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
         self.file = open(self.path, "a")
         self.board = _summary_writer(Path(run_dir) / "tensorboard", resume_step) if tensorboard else None
 
@@ -44,7 +47,14 @@ def _summary_writer(folder: Path, resume_step: int):
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of metrics.jsonl; a last line cut short (the process killed while writing it) is left out."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    try:
+        rows += [json.loads(line) for line in lines[-1:]]
+    except json.JSONDecodeError:
+        pass
+    return rows

@@ -1,0 +1,23 @@
+import json
+
+from ropelab.train.metrics import MetricsLog, read_metrics
+
+
+def test_a_last_line_cut_short_is_left_out(tmp_path):
+    rows = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "lo')
+    assert read_metrics(tmp_path) == rows
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_appends(tmp_path):
+    log = MetricsLog(tmp_path, tensorboard=False)
+    for step in range(1, 7):
+        log.write({"step": step, "loss": 1.0 / step})
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "lo')  # killed while writing
+    log = MetricsLog(tmp_path, resume_step=4, tensorboard=False)
+    log.write({"step": 5, "loss": 0.5})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
