@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.files import write_atomically
 
 FORMAT = "ropelab-shards-1"
 SPLITS = ("train", "validation")
@@ -40,10 +41,8 @@ def shard_files(folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write JSON under a temporary name, then rename: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    """Write JSON atomically: readers see the old file or the new one."""
+    write_atomically(path, json.dumps(data, indent=2))
 
 
 def sha256_file(path: Path) -> str:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.files import write_atomically
 from ropelab.study.plots import new_figure, png_bytes
 
 FILES = ("longctx.json", "longctx.md", "longctx_heatmap.png", "loss_by_position.png")
@@ -135,12 +135,6 @@ def plot_loss_by_position(results: dict) -> Optional[bytes]:
 # ------------------------------------------------------------------ files
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_reports(results: dict, out_dir: str | Path) -> dict[str, str]:
     """The figures, longctx.md and longctx.json (listing the files as results["files"]); returns {name: path}."""
     out = Path(out_dir)
@@ -152,5 +146,5 @@ def write_reports(results: dict, out_dir: str | Path) -> dict[str, str]:
     results["files"] = {name: str(out / name) for name in [*contents, "longctx.json"]}
     contents["longctx.json"] = (json.dumps(results, indent=2) + "\n").encode()
     for name, data in contents.items():
-        _write(out / name, data)
+        write_atomically(out / name, data)
     return results["files"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import os
 import shutil
 import time
@@ -38,6 +37,7 @@ from ropelab.probe.config import ProbeConfig
 from ropelab.probe.models import checkpoint_labels, load_probe_model
 from ropelab.probe.sequence import ProbeInput, probe_input_for, write_input
 from ropelab.probe.weights import weight_changes
+from ropelab.study.report import json_safe
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -61,18 +61,8 @@ def fresh_folder(out_dir: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(_json_safe(data), indent=1) + "\n")
+    path.write_text(json.dumps(json_safe(data), indent=1) + "\n")
 
 
 def probe_device(name: str) -> torch.device:

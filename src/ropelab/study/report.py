@@ -152,15 +152,16 @@ td.bad {{ color: #b00; font-weight: 600; }}
 # ------------------------------------------------------------------------------ write
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
+    """`v` with non-finite floats as None and numpy scalars as Python numbers (strict JSON)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     if isinstance(v, np.generic):
-        return _json_safe(v.item())
+        return json_safe(v.item())
     return v
 
 
@@ -193,7 +194,7 @@ def write_report(
                              for k in COLUMNS})
     study = rows[0]["_study"] if rows else {}
     payload = {"study": study, "runs": [{k: v for k, v in row.items() if k != "_study"} for row in rows]}
-    paths["summary.json"].write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+    paths["summary.json"].write_text(json.dumps(json_safe(payload), indent=2) + "\n")
 
     images = {"loss_curves.png": plot_loss_curves(rows, runs), "final_loss.png": plot_final_loss(rows)}
     for name, data in images.items():

@@ -22,6 +22,7 @@ from typing import Optional
 import yaml
 
 from ropelab.config import ConfigError
+from ropelab.files import write_atomically
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.metrics import read_metrics
@@ -51,9 +52,7 @@ def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) ->
             raise ConfigError(f"{study_dir}: holds runs from a different grid ({path.name} differs); choose another --out")
         return
     study_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
-    os.replace(tmp, path)
+    write_atomically(path, yaml.safe_dump(record, sort_keys=False))
 
 
 def initial_status(directory: Path) -> str:

@@ -110,19 +110,28 @@ def has_weights(folder: Path) -> bool:
 def load_weights(model: torch.nn.Module, folder: Path) -> None:
     """A checkpoint's (or imported folder's) weights into `model` in this process: model.safetensors
     when it was written, else the model part of the sharded dcp/ state, gathered."""
-    import torch.distributed.checkpoint as dcp
-
     folder = Path(folder)
     if (folder / WEIGHTS).is_file():
         load_model_state(model, folder / WEIGHTS)
-        return
-    if not has_weights(folder):
+    elif has_weights(folder):
+        _load_model_shards(model, folder)
+    else:
         raise ConfigError(f"{folder}: no {WEIGHTS} and no dcp/ checkpoint")
-    state = model.state_dict()
+
+
+def _load_shards(path: Path, state: dict) -> None:
+    """Fill `state` ({"model": ...} and optionally {"optim": ...}) from dcp/, resharded to this world."""
+    import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
-        dcp.load({"model": state}, checkpoint_id=str(folder / "dcp"))
-    model.load_state_dict(state)
+        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
+
+
+def _load_model_shards(model: torch.nn.Module, path: Path) -> None:
+    state = {"model": model.state_dict()}
+    _load_shards(path, state)
+    model.load_state_dict(state["model"])
 
 
 def weights_vocab(folder: Path) -> int:
@@ -213,20 +222,17 @@ def read_state(path: Path) -> dict:
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Optional[DistEnv] = None) -> dict:
     """Collective: restore model and optimizer (resharded to this world size) and this rank's RNG."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     env = env or DistEnv()
     state = read_state(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
-    to_load = {"model": model_sd, "optim": optim_sd} if optimizer is not None else {"model": model_sd}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
-        dcp.load(to_load, checkpoint_id=str(Path(path) / "dcp"))
-    if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
+    if optimizer is None:
+        _load_model_shards(model, path)
     else:
-        model.load_state_dict(to_load["model"])
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        to_load = {"model": model_sd, "optim": optim_sd}
+        _load_shards(path, to_load)
+        set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
     rng_file = Path(path) / f"rng_rank{env.rank}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))

@@ -54,11 +54,7 @@ class DistEnv:
         return bool(t.item())
 
     def mean(self, value: float, device: torch.device) -> float:
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return t.item() / self.world
+        return self.sum([value], device)[0] / self.world
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Each value summed over the ranks."""

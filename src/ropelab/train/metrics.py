@@ -5,8 +5,9 @@ package is installed and ``train.tensorboard`` is on."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from ropelab.files import write_atomically
 
 
 class MetricsLog:
@@ -17,9 +18,7 @@ class MetricsLog:
         self.path = Path(run_dir) / "metrics.jsonl"
         if self.path.exists():
             kept = [r for r in read_metrics(run_dir) if r["step"] <= resume_step]
-            tmp = self.path.with_suffix(".jsonl.tmp")  # a crash while rewriting keeps the old file
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.path)
+            write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(self.path, "a")
         self.board = _summary_writer(Path(run_dir) / "tensorboard", resume_step) if tensorboard else None
 
