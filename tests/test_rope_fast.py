@@ -208,23 +208,30 @@ def test_rotate_inverse_undoes_rotate(layout):
     assert torch.equal(y[..., 12:], x[..., 12:])
 
 
+@pytest.mark.parametrize("angles", ["per token", "table rows", "table rows, one row of positions"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("rotary_dims", [2, 6, 10, 16, 40, 64])
-def test_cpu_kernel_gives_the_reference_bits(rotary_dims, layout, dtype):
-    """rope_cpu on q and k together (a transposed view and a contiguous tensor, cos/sin broadcast over
+def test_cpu_kernel_gives_the_reference_bits(rotary_dims, layout, dtype, angles):
+    """rope_cpu on q and k together (a transposed view and a contiguous tensor, angles broadcast over
     heads) equals `rotate` bit for bit, forward and inverse; the other channels are not touched.
-    16 and 64 channels use the kernel's unrolled loops, 10 and 40 its general loop."""
+    The angles are cos/sin per token, or rows of a table picked by position ids (B, T) or (1, T)
+    inside the kernel. 16 and 64 channels use the kernel's unrolled loops, 10 and 40 its general loop."""
     if not rope_cpu.available():
         pytest.skip("no C compiler: the CPU kernel is unavailable")
     g = torch.Generator().manual_seed(rotary_dims)
     q = torch.randn(2, 9, 3, 64, generator=g).to(dtype).transpose(1, 2)
     k = torch.randn(2, 1, 9, 64, generator=g).to(dtype)
-    positions = torch.randint(0, 10**6, (2, 9), generator=g)
-    cos, sin = (t.unsqueeze(1) for t in rope_angles(positions, torch.rand(rotary_dims // 2, generator=g)))
+    positions = torch.randint(0, 50, (1 if "one row" in angles else 2, 9), generator=g)
+    cos_table, sin_table = rope_angles(torch.arange(50), torch.rand(rotary_dims // 2, generator=g))
+    cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+    source = {} if angles == "per token" else {"positions": positions}
     for inverse in (False, True):
         q_out, k_out = q.clone().transpose(1, 2).contiguous().transpose(1, 2), k.clone()
-        assert rope_cpu.rotate_((q_out, k_out), cos, sin, rotary_dims, layout, inverse)
+        if source:
+            assert rope_cpu.rotate_((q_out, k_out), cos_table, sin_table, rotary_dims, layout, inverse, **source)
+        else:
+            assert rope_cpu.rotate_((q_out, k_out), cos, sin, rotary_dims, layout, inverse)
         for out, x in ((q_out, q), (k_out, k)):
             assert torch.equal(out[..., :rotary_dims], rotate(x[..., :rotary_dims], cos, -sin if inverse else sin, layout))
             assert torch.equal(out[..., rotary_dims:], x[..., rotary_dims:])
@@ -242,10 +249,40 @@ def test_cpu_kernel_declines_what_it_cannot_rotate():
         "cos/sin of the wrong width": ((x,), cos, sin, 6),
         "cos/sin that do not broadcast": ((x,), cos[:, :, :5], sin[:, :, :5], 8),
     }
-    for name, (tensors, c, s, dims) in cases.items():
+    table = rope_angles(torch.arange(T), torch.rand(4))
+    positions = torch.arange(T).expand(B, T)
+    by_position = {
+        "int32 positions": ((x,), *table, 8, positions.int()),
+        "positions that do not broadcast": ((x,), *table, 8, positions[:, :5]),
+        "positions of a growing batch": ((x[:1],), *table, 8, positions),
+        "3-D positions": ((x,), *table, 8, positions[None]),
+    }
+    for name, (tensors, c, s, dims, *source) in {**cases, **by_position}.items():
         before = [t.clone() for t in tensors]
-        assert not rope_cpu.rotate_(tensors, c, s, dims, "half"), name
+        assert not rope_cpu.rotate_(tensors, c, s, dims, "half", positions=source[0] if source else None), name
         assert all(torch.equal(t, b) for t, b in zip(tensors, before)), name
+
+
+def test_position_range_is_checked_once_per_position_tensor_and_again_after_it_changes(monkeypatch, cpu_kernel):
+    """The in-kernel table lookup must never read past the table: the range check is reused only
+    for the same, unmodified position tensor; a position edited in place grows the table again."""
+    x, wq, wk, _, _ = _setup(torch.float32)
+    rope = _rope("0.25", "half", "table")
+    positions = torch.arange(T).repeat(B, 1)
+    calls = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: calls.append(t) or aminmax(t))
+    for _ in range(2):  # two layers sharing the module and the positions
+        q, k = _project(x, wq, wk, view=True)
+        rope(q, k, positions)
+    positions[1, -1] = 5000  # beyond the table built so far
+    q, k = _project(x, wq, wk, view=True)
+    q_out, k_out = rope(q, k, positions)
+    ref_q, ref_k = _reference(rope, *_project(x, wq, wk, view=True), positions)
+    torch.testing.assert_close(q_out, ref_q)
+    torch.testing.assert_close(k_out, ref_k)
+    if cpu_kernel == "c":  # the torch path gathers cos/sin instead (its indexing checks the range)
+        assert len(calls) == 2 and rope.cos_table.shape[0] == 5001
 
 
 def test_cpu_kernel_off_or_unbuildable_leaves_the_torch_path(monkeypatch, tmp_path):

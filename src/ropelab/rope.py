@@ -21,7 +21,7 @@ The in-place rotation itself runs on the fastest kernel that applies (`rotate_qk
   * CUDA with Triton: `rope_triton`, one kernel for q and k; with the ``table`` cache it looks the
     positions up in the table itself, with ``none`` it forms the angles from the positions;
   * CPU: `rope_cpu`, one C loop for q and k (compiled on first use; float32 and bfloat16; off
-    with ROPELAB_CPU_KERNEL=0);
+    with ROPELAB_CPU_KERNEL=0); with the ``table`` cache it too looks the positions up itself;
   * otherwise `rotate_`, eager PyTorch per tensor: ``half`` pairs take four elementwise passes,
     float32 ``interleaved`` pairs one complex multiplication (see BENCHMARKS.md).
 Under torch.compile the reference is traced (Inductor fuses it) and cos/sin are computed from
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ropelab.config import RopeConfig
-from ropelab.rope_cpu import rotate_ as cpu_rotate_
+from ropelab import rope_cpu
 
 # (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
 Rotation = Callable[..., None]
@@ -188,9 +188,21 @@ def rotate_qk_(
     triton = triton_kernels() if q.is_cuda else None
     if triton is not None and triton.supports(q, k):
         triton.rotate_qk_(q, k, rotary_dims=rotary_dims, layout=layout, inverse=inverse, cos=cos, sin=sin)
-    elif not cpu_rotate_((q, k), cos, sin, rotary_dims, layout, inverse):
+    elif not rope_cpu.rotate_((q, k), cos, sin, rotary_dims, layout, inverse):
         rotate_(q, cos, sin, rotary_dims, layout, inverse)
         rotate_(k, cos, sin, rotary_dims, layout, inverse)
+
+
+def rotate_qk_at_positions_(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+    rotary_dims: int, layout: str = "half", inverse: bool = False,
+) -> None:
+    """`rotate_qk_` with the angles of table rows `positions` (B or 1, T) on CPU, every position in
+    [0, len(table)). The C loop looks the rows up itself (no cos/sin per token is gathered); where it
+    declines (e.g. a gradient whose channels are not contiguous) the rows are gathered."""
+    if not rope_cpu.rotate_((q, k), cos_table, sin_table, rotary_dims, layout, inverse, positions=positions):
+        rotate_qk_(q, k, cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1), rotary_dims, layout,
+                   inverse)
 
 
 def _writable(grad: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -338,9 +350,11 @@ class RotaryEmbedding(nn.Module):
         self.sin_table: Optional[torch.Tensor] = None
         # None: in place when safe (training); True: also without grad (inference); False: never.
         self.inplace: Optional[bool] = None
-        # The last position ids seen (weakly held, with their version) and their cos/sin: the layers
-        # that share this module look the angles up once per forward.
+        # The last position ids seen (weakly held, with their version) and their cos/sin, and the
+        # last ones checked for a kernel that looks them up itself, with their range: the layers
+        # that share this module do either once per forward.
         self._last: Optional[tuple] = None
+        self._last_range: Optional[tuple] = None
 
     @property
     def theta(self) -> float:
@@ -390,19 +404,41 @@ class RotaryEmbedding(nn.Module):
         cos_table, sin_table = self._table(int(position_ids.max()) + 1, position_ids.device)
         return cos_table[position_ids].unsqueeze(1), sin_table[position_ids].unsqueeze(1)
 
-    def _triton_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
-        """On CUDA with Triton: a rotation that takes its angles from the positions inside the kernel
-        (table lookup, or formed from the frequencies with cache none). None elsewhere."""
-        triton = triton_kernels() if q.is_cuda else None
-        if triton is None or not triton.supports(q, k, position_ids):
-            return None
-        if self.config.cache == "none":
-            angles = {"inv_freq": self.inv_freq}
+    def _tables_for(self, position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The cos/sin tables grown to cover position_ids, for a kernel that looks positions up
+        itself; None if a position is negative. The range check (one pass) runs once per position
+        tensor, not once per layer."""
+        last = self._last_range
+        if last is None or last[0]() is not position_ids or last[1] != position_ids._version:
+            low, high = torch.aminmax(position_ids)
+            last = self._last_range = (weakref.ref(position_ids), position_ids._version, int(low), int(high))
+        return None if last[2] < 0 else self._table(last[3] + 1, position_ids.device)
+
+    def _kernel_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
+        """A rotation whose kernel takes each token's angles by its position, so that no cos/sin per
+        token is formed: Triton on CUDA (table lookup, or angles formed from the frequencies with
+        cache none), the C loop on CPU (table cache). None where neither applies."""
+        if q.is_cuda:
+            triton = triton_kernels()
+            if triton is None or not triton.supports(q, k, position_ids):
+                return None
+            if self.config.cache == "none":
+                return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
+                                         positions=position_ids, inv_freq=self.inv_freq)
+            kernel = triton.rotate_qk_
+        elif self.config.cache == "table" and rope_cpu.available() and rope_cpu.supports(q) and rope_cpu.supports(k):
+            if position_ids.dtype != torch.int64 or position_ids.dim() != 2 or position_ids.device.type != "cpu":
+                return None
+            if position_ids.shape[1] != q.shape[2] or position_ids.shape[0] not in (1, q.shape[0]):
+                return None
+            kernel = rotate_qk_at_positions_
         else:
-            cos_table, sin_table = self._table(int(position_ids.max()) + 1, position_ids.device)
-            angles = {"cos_table": cos_table, "sin_table": sin_table}
-        return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
-                                 positions=position_ids, **angles)
+            return None
+        tables = self._tables_for(position_ids)
+        if tables is None:
+            return None
+        return functools.partial(kernel, rotary_dims=self.rotary_dims, layout=self.layout, positions=position_ids,
+                                 cos_table=tables[0], sin_table=tables[1])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k.
@@ -423,7 +459,7 @@ class RotaryEmbedding(nn.Module):
         cos_sin = None
         if self.inplace is not False and not torch.compiler.is_compiling():
             force = bool(self.inplace)
-            rotation = self._triton_rotation(q, k, position_ids)
+            rotation = self._kernel_rotation(q, k, position_ids)
             if rotation is not None:
                 rotated = rotate_in_place(q, k, rotation, force)
             else:

@@ -45,7 +45,8 @@ SOURCE = r"""
 #endif
 
 /* One tensor: its address, then its three outer dimensions ordered by decreasing stride: sizes,
-   strides in elements of the tensor, strides in elements of cos/sin (0 where cos/sin broadcast). */
+   strides in elements of the tensor, and strides in elements of where the angles come from (0
+   where that broadcasts): cos/sin themselves, or the position ids that pick rows of a table. */
 typedef struct { int64_t data, n[3], x[3], c[3]; } rows_t;
 
 static inline float load(const char *p, int64_t i, const int bf16) {
@@ -81,8 +82,8 @@ static inline __attribute__((always_inline)) void rotate_pairs(
 
 /* Rows lo..hi-1 (flat index over the three outer dimensions) of one tensor. */
 static inline __attribute__((always_inline)) void rotate_rows(
-    char *base, const rows_t *g, int64_t lo, int64_t hi, const float *cos, const float *sin,
-    const int64_t half, const int interleaved, const int bf16, const float sign) {
+    char *base, const rows_t *g, int64_t lo, int64_t hi, const int64_t *positions, const float *cos,
+    const float *sin, const int64_t half, const int interleaved, const int bf16, const float sign) {
   const int64_t size = bf16 ? 2 : 4;
   /* A row rotated whole is a plain stream, which the hardware prefetchers follow; a part of each
      row is not (at fraction 0.1 one cache line of four), so then ask for the row 32 ahead. */
@@ -96,8 +97,9 @@ static inline __attribute__((always_inline)) void rotate_rows(
     int64_t at = i0 * g->c[0] + i1 * g->c[1] + i2 * g->c[2];
     for (; r < stop; r++, x += size * g->x[2], at += g->c[2]) {
       if (prefetch) __builtin_prefetch(x + 32 * size * g->x[2], 1);
-      if (interleaved) rotate_pairs(x, x + size, cos + at, sin + at, half, 2, bf16, sign);
-      else rotate_pairs(x, x + size * half, cos + at, sin + at, half, 1, bf16, sign);
+      const int64_t angle = positions ? positions[at] * half : at;
+      if (interleaved) rotate_pairs(x, x + size, cos + angle, sin + angle, half, 2, bf16, sign);
+      else rotate_pairs(x, x + size * half, cos + angle, sin + angle, half, 1, bf16, sign);
     }
     i2 = 0;
     if (++i1 == g->n[1]) { i1 = 0; i0++; }
@@ -105,13 +107,13 @@ static inline __attribute__((always_inline)) void rotate_rows(
 }
 
 /* Constant `half`, layout and dtype let the compiler unroll and vectorise the common sizes. */
-#define ROWS(H, I, B) rotate_rows(base, g, lo, hi, cos, sin, H, I, B, sign)
+#define ROWS(H, I, B) rotate_rows(base, g, lo, hi, positions, cos, sin, H, I, B, sign)
 #define KINDS(H) if (interleaved) { if (bf16) ROWS(H, 1, 1); else ROWS(H, 1, 0); } \
                  else { if (bf16) ROWS(H, 0, 1); else ROWS(H, 0, 0); }
 #define CASE(H) case H: KINDS(H); return;
 
-static void dispatch(char *base, const rows_t *g, int64_t lo, int64_t hi, const float *cos,
-                     const float *sin, int64_t half, int interleaved, int bf16, float sign) {
+static void dispatch(char *base, const rows_t *g, int64_t lo, int64_t hi, const int64_t *positions,
+                     const float *cos, const float *sin, int64_t half, int interleaved, int bf16, float sign) {
   switch (half) {
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(6) CASE(8) CASE(12) CASE(16) CASE(24) CASE(32) CASE(48) CASE(64)
     default: KINDS(half);
@@ -119,10 +121,14 @@ static void dispatch(char *base, const rows_t *g, int64_t lo, int64_t hi, const 
 }
 
 /* Rotate the first 2*half channels of every row of `count` tensors in place, by +angle
-   (sign 1) or -angle (sign -1). Each thread gets at least 32768 channels, as torch's own
-   parallel loops (at::internal::GRAIN_SIZE): waking a thread costs more than a small job. */
-void ropelab_rotate(int64_t count, const rows_t *rows, const float *cos, const float *sin,
-                    int64_t half, int64_t interleaved, int64_t bf16, float sign, int64_t threads) {
+   (sign 1) or -angle (sign -1). Without positions (NULL) cos/sin hold each row's angles at the
+   row's angle offset; with positions, cos/sin are tables of `half` columns and a row takes table
+   row positions[offset] (the caller has checked every position against the table's length).
+   Each thread gets at least 32768 channels, as torch's own parallel loops
+   (at::internal::GRAIN_SIZE): waking a thread costs more than a small job. */
+void ropelab_rotate(int64_t count, const rows_t *rows, const int64_t *positions, const float *cos,
+                    const float *sin, int64_t half, int64_t interleaved, int64_t bf16, float sign,
+                    int64_t threads) {
   int64_t total = 0;
   for (int64_t t = 0; t < count; t++) total += rows[t].n[0] * rows[t].n[1] * rows[t].n[2];
   const int64_t most = total * 2 * half / 32768;
@@ -139,7 +145,8 @@ void ropelab_rotate(int64_t count, const rows_t *rows, const float *cos, const f
       const int64_t n = rows[t].n[0] * rows[t].n[1] * rows[t].n[2];
       const int64_t lo = begin > 0 ? begin : 0, hi = end < n ? end : n;
       if (lo < hi)
-        dispatch((char *)(intptr_t)rows[t].data, rows + t, lo, hi, cos, sin, half, (int)interleaved, (int)bf16, sign);
+        dispatch((char *)(intptr_t)rows[t].data, rows + t, lo, hi, positions, cos, sin, half, (int)interleaved,
+                 (int)bf16, sign);
       begin -= n;
       end -= n;
     }
@@ -198,7 +205,7 @@ def library() -> Optional[ctypes.CDLL]:
         return None
     lib.ropelab_rotate.restype = None
     lib.ropelab_rotate.argtypes = [
-        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int64,
     ]
     return lib
@@ -213,16 +220,13 @@ def supports(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4 and x.stride(-1) == 1
 
 
-def _geometry(x: torch.Tensor, cos: torch.Tensor) -> Optional[list[int]]:
-    """x's `rows_t` (address, then sizes and strides of its three outer dimensions in memory order,
-    and cos/sin's strides over them), or None if cos/sin do not broadcast to x's rows."""
-    pad = x.dim() - cos.dim()
-    if pad < 0:
-        return None
-    sizes, strides = (1,) * pad + tuple(cos.shape), (0,) * pad + cos.stride()
-    if any(c not in (1, n) for c, n in zip(sizes[:3], x.shape[:3])):
-        return None
+def _rows(x: torch.Tensor, sizes: Sequence[int], strides: Sequence[int]) -> Optional[list[int]]:
+    """x's `rows_t`: its address, then the sizes and strides of its three outer dimensions in
+    memory order, and the angle source's strides over them. `sizes`/`strides` describe the angle
+    source over x's (B, H, T) (size 1: broadcast). None if the source does not broadcast to x's rows."""
     shape, stride = x.shape, x.stride()
+    if any(size != 1 and size != n for size, n in zip(sizes, shape)):
+        return None
     order = sorted(range(3), key=stride.__getitem__, reverse=True)  # memory order, outermost first
     return [x.data_ptr(), *[shape[d] for d in order], *[stride[d] for d in order],
             *[0 if sizes[d] == 1 else strides[d] for d in order]]
@@ -230,13 +234,16 @@ def _geometry(x: torch.Tensor, cos: torch.Tensor) -> Optional[list[int]]:
 
 def rotate_(
     tensors: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int, layout: str,
-    inverse: bool = False,
+    inverse: bool = False, positions: Optional[torch.Tensor] = None,
 ) -> bool:
     """Rotate the first `rotary_dims` channels of each tensor (B, H, T, D) in place, in one parallel loop.
 
-    cos/sin are float32, (..., T, rotary_dims/2), broadcastable to each tensor's rows. The tensors
-    must not overlap themselves or each other. Returns False, having touched nothing, when the
-    kernel is unavailable or does not support the tensors (the caller then uses the torch path)."""
+    The angles come from float32 cos/sin, either (a) without `positions`: (..., T, rotary_dims/2),
+    broadcastable to each tensor's rows; or (b) with int64 `positions` (B or 1, T): tables
+    (P, rotary_dims/2), row (b, h, t) taking table row positions[b, t]. In (b) every position must
+    lie in [0, P): the caller checks that (the kernel reads the table unchecked). The tensors must
+    not overlap themselves or each other. Returns False, having touched nothing, when the kernel
+    is unavailable or does not support the arguments (the caller then uses the torch path)."""
     lib = library()
     if lib is None or not tensors or not all(supports(x) and x.dtype == tensors[0].dtype for x in tensors):
         return False
@@ -244,16 +251,27 @@ def rotate_(
         return False
     if cos.shape[-1] != rotary_dims // 2 or any(rotary_dims > x.shape[-1] for x in tensors):
         return False
-    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
-        cos, sin = cos.contiguous(), sin.contiguous()
+    if positions is None:
+        if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+            cos, sin = cos.contiguous(), sin.contiguous()
+        pad = 4 - cos.dim()
+        if pad < 0:
+            return False
+        sizes, strides = (1,) * pad + tuple(cos.shape[:-1]), (0,) * pad + cos.stride()[:-1]
+    else:
+        if positions.dtype != torch.int64 or positions.device.type != "cpu" or positions.dim() != 2 or cos.dim() != 2:
+            return False
+        cos, sin = cos.contiguous(), sin.contiguous()  # rows of `half` floats, as the kernel indexes them
+        sizes, strides = (positions.shape[0], 1, positions.shape[1]), (positions.stride(0), 0, positions.stride(1))
     geometry = []
     for x in tensors:
-        rows = _geometry(x, cos)
+        rows = _rows(x, sizes, strides)
         if rows is None:
             return False
         geometry += rows
     lib.ropelab_rotate(
-        len(tensors), (ctypes.c_int64 * len(geometry))(*geometry), cos.data_ptr(), sin.data_ptr(), rotary_dims // 2,
-        int(layout != "half"), DTYPES[tensors[0].dtype], -1.0 if inverse else 1.0, torch.get_num_threads(),
+        len(tensors), (ctypes.c_int64 * len(geometry))(*geometry), None if positions is None else positions.data_ptr(),
+        cos.data_ptr(), sin.data_ptr(), rotary_dims // 2, int(layout != "half"), DTYPES[tensors[0].dtype],
+        -1.0 if inverse else 1.0, torch.get_num_threads(),
     )
     return True
