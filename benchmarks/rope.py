@@ -11,6 +11,10 @@ Methods (each timed on the same fresh inputs, in rotating order, median of --rep
   hf_neox      transformers GPT-NeoX `apply_rotary_pos_emb` (slices, rotates, concatenates)
   hf_llama     transformers Llama `apply_rotary_pos_emb` (full rotation; fraction 1.0 only)
   copy         q -> preallocated q', k -> k' (one read + one write of q and k; no backward)
+  touch        the memory floor of one direction (fp32, needs a C compiler): a plain C loop that
+               reads and writes back the rotated channels of every row of q and k in place, with
+               the kernel's prefetch hint and threads, and no arithmetic or angles. Its
+               time(0.1) / time(1.0) is what the memory system allows for that ratio.
 
 q and k are fresh non-leaf tensors (clones of leaves, made outside the timer, after the incoming
 gradients, so that they are as warm in cache as a projection's output), and backward is
@@ -24,10 +28,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import math
+import os
 import platform
+import shutil
 import statistics
+import subprocess
 import time
 
 import torch
@@ -39,6 +47,31 @@ from ropelab.config import RopeConfig
 from ropelab.rope import RotaryEmbedding, resolve_rotary_dims
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOUCH_SOURCE = r"""
+#include <stdint.h>
+/* Read and write back the first n of every `width` floats of x (rows of q or k) in place. */
+void touch(float *x, int64_t rows, int64_t width, int64_t n, int64_t threads) {
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    float *row = x + r * width;
+    if (n < width) __builtin_prefetch(row + 32 * width, 1);
+    for (int64_t i = 0; i < n; i++) row[i] = row[i] * 1.0001f;
+  }
+}
+"""
+
+
+def touch_loop():
+    """`touch` compiled as rope_cpu's kernel is (same flags, OpenMP), or None without a compiler."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(rope_cpu.compile_library(compiler, TOUCH_SOURCE, "rope_touch")))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.touch.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    return lib.touch
 
 
 def hf_cos_sin(rotary_dims: int, seq: int, batch: int, theta: float, dtype: torch.dtype):
@@ -128,13 +161,29 @@ def main() -> None:
         t1 = time.perf_counter()
         return t1 - t0, t1 - t0
 
+    touch = touch_loop() if dtype == torch.float32 else None
+    if touch is not None:
+        for fraction in args.fractions:
+            cases[("touch", fraction)] = None
+
+    def run_touch(key):
+        grads = (grad_q.clone(), grad_k.clone())  # the same allocations and writes as run_rope's
+        q, k = q_leaf.clone(), k_leaf.clone()
+        t0 = time.perf_counter()
+        for x in (q, k):
+            touch(x.data_ptr(), x.numel() // D, D, resolve_rotary_dims(D, key[1]), torch.get_num_threads())
+        t1 = time.perf_counter()
+        del grads
+        return t1 - t0, t1 - t0
+
     cases[("copy", None)] = None
     keys = list(cases)
     samples = {key: ([], []) for key in keys}
     for rep in range(args.warmup + args.reps):
         order = keys[rep % len(keys):] + keys[: rep % len(keys)]  # rotate the order: no method always first
         for key in order:
-            fwd, total = run_copy(None) if key[0] == "copy" else run_rope(key)
+            run = {"copy": run_copy, "touch": run_touch}.get(key[0], run_rope)
+            fwd, total = run(key)
             if rep >= args.warmup:
                 samples[key][0].append(fwd)
                 samples[key][1].append(total)
@@ -160,6 +209,9 @@ def main() -> None:
         "ropelab_full_over_copy": ratio(("ropelab", 1.0), copy),
         "ropelab_full_fwd_over_copy": ratio(("ropelab", 1.0), copy, part=0),
         "ropelab_full_over_two_copies": ratio(("ropelab", 1.0), copy, scale=2.0),
+        "touch_full_over_copy": ratio(("touch", 1.0), copy),
+        "ropelab_full_fwd_over_touch_full": ratio(("ropelab", 1.0), ("touch", 1.0), part=0),
+        f"touch_{low}_over_full": ratio(("touch", low), ("touch", 1.0)),
         f"ropelab_{low}_over_full": ratio(("ropelab", low), ("ropelab", 1.0)),
         f"ropelab_{low}_over_full_fwd": ratio(("ropelab", low), ("ropelab", 1.0), part=0),
         "hf_llama_over_ropelab_full": ratio(("hf_llama", 1.0), ("ropelab", 1.0)),
@@ -177,8 +229,11 @@ def main() -> None:
     print(f"  ropelab full / copy                {fmt(ratios['ropelab_full_over_copy'])}   target <= 1.5"
           f"   (forward alone: {fmt(ratios['ropelab_full_fwd_over_copy'])}; fwd+bwd / two copies: "
           f"{fmt(ratios['ropelab_full_over_two_copies'])})")
+    print(f"    memory floor: touch full / copy  {fmt(ratios['touch_full_over_copy'])}   per direction"
+          f"   (ropelab full forward / touch full: {fmt(ratios['ropelab_full_fwd_over_touch_full'])})")
     print(f"  ropelab time({low}) / time(1.0)     {fmt(ratios[f'ropelab_{low}_over_full'], '')}    target <= 0.3"
           f"   (forward alone: {fmt(ratios[f'ropelab_{low}_over_full_fwd'], '')})")
+    print(f"    memory floor: touch({low}) / touch(1.0)  {fmt(ratios[f'touch_{low}_over_full'], '')}")
     print(f"  HF Llama full / ropelab full       {fmt(ratios['hf_llama_over_ropelab_full'])}")
     print(f"  ropelab reference / fast at 0.25   {fmt(ratios['ropelab_ref_over_ropelab_at_0.25'])}")
     print(f"  ropelab torch path / C at 0.25     {fmt(ratios['ropelab_torch_over_ropelab_at_0.25'])}"

@@ -169,18 +169,19 @@ def _cpu_model() -> str:
     return "\n".join(line for line in first.splitlines() if line.startswith(("model name", "flags")))
 
 
-def _build(compiler: str) -> Path:
-    """Compile `SOURCE` into the kernel cache (once per source, flags and CPU); returns the library path."""
+def compile_library(compiler: str, source: str = SOURCE, name: str = "rope_cpu") -> Path:
+    """Compile C `source` with `FLAGS` into the kernel cache (once per source, flags and CPU);
+    returns the shared library's path (benchmarks build their reference loops with it too)."""
     cache = Path(os.environ.get("ROPELAB_CACHE", Path.home() / ".cache" / "ropelab")) / "kernels"
-    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, compiler, _cpu_model()]).encode()).hexdigest()[:16]
-    library = cache / f"rope_cpu-{key}.so"
+    key = hashlib.sha256("\0".join([source, *FLAGS, compiler, _cpu_model()]).encode()).hexdigest()[:16]
+    library = cache / f"{name}-{key}.so"
     if library.exists():
         return library
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as work:
-        source, built = Path(work) / "rope_cpu.c", Path(work) / "rope_cpu.so"
-        source.write_text(SOURCE)
-        command = [compiler, *FLAGS, str(source), "-o", str(built)]
+        source_file, built = Path(work) / f"{name}.c", Path(work) / f"{name}.so"
+        source_file.write_text(source)
+        command = [compiler, *FLAGS, str(source_file), "-o", str(built)]
         try:
             subprocess.run(command[:1] + OPENMP + command[1:], check=True, capture_output=True, timeout=300)
         except subprocess.CalledProcessError:
@@ -198,7 +199,7 @@ def library() -> Optional[ctypes.CDLL]:
     if compiler is None:
         return None
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        lib = ctypes.CDLL(str(compile_library(compiler)))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", b"") or b""
         warnings.warn(f"ropelab: CPU RoPE kernel unavailable, using the torch path ({error} {detail.decode()[:300]})")
