@@ -1,0 +1,44 @@
+"""benchmarks/rope.py and benchmarks/train.py run from one command and end with one JSON line of
+their figures (tiny shapes here; the timings themselves are not asserted: see BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from ropelab import rope_cpu
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> dict:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
+                          timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_rope_benchmark_times_every_method_and_reports_the_target_ratios():
+    record = _run("rope.py", "--heads", "4", "--kv-heads", "2", "--seq", "64", "--reps", "3", "--warmup", "1",
+                  "--threads", "1", "--fractions", "0.1", "0.25")
+    assert record["shape_q"] == [1, 4, 64, 64] and record["cpu_kernel"] == rope_cpu.available()
+    methods = {"hf_neox@0.25", "hf_llama@1.0", "ropelab@0.1", "ropelab_torch@0.25", "ropelab_ref@1.0", "copy"}
+    if rope_cpu.available():  # the memory floor is compiled with the same compiler as the kernel
+        methods |= {"touch@0.1", "touch@1.0"}
+    assert methods <= set(record["ms"])
+    assert all(times["fwd"] > 0 and times["fwd_bwd"] >= times["fwd"] for times in record["ms"].values())
+    ratios = record["ratios"]
+    for key in ("hf_neox_over_ropelab_at_0.25", "ropelab_full_over_copy", "ropelab_0.1_over_full"):
+        assert ratios[key] is not None and math.isfinite(ratios[key]) and ratios[key] > 0
+
+
+def test_train_benchmark_compares_with_hf_and_reports_mfu():
+    record = _run("train.py", "--shapes", "tiny-llama", "--precisions", "fp32", "--batch", "1", "--seq", "32",
+                  "--steps", "1", "--warmup", "0", "--threads", "1", "--fractions")
+    results = record["results"]
+    assert {"tiny-llama/fp32/ropelab", "tiny-llama/fp32/hf_llama"} <= set(results)
+    for result in results.values():
+        assert result["tokens_per_s"] > 0 and 0 < result["mfu"]
+    assert record["ratios"]["tiny-llama/fp32"] > 0
