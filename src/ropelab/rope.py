@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ropelab.config import RopeConfig
-from ropelab import rope_cpu
+from ropelab.rope_cpu import available as cpu_kernel_available, rotate_ as cpu_rotate_, supports as cpu_supports
 
 # (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
 Rotation = Callable[..., None]
@@ -188,7 +188,7 @@ def rotate_qk_(
     triton = triton_kernels() if q.is_cuda else None
     if triton is not None and triton.supports(q, k):
         triton.rotate_qk_(q, k, rotary_dims=rotary_dims, layout=layout, inverse=inverse, cos=cos, sin=sin)
-    elif not rope_cpu.rotate_((q, k), cos, sin, rotary_dims, layout, inverse):
+    elif not cpu_rotate_((q, k), cos, sin, rotary_dims, layout, inverse):
         rotate_(q, cos, sin, rotary_dims, layout, inverse)
         rotate_(k, cos, sin, rotary_dims, layout, inverse)
 
@@ -200,7 +200,7 @@ def rotate_qk_at_positions_(
     """`rotate_qk_` with the angles of table rows `positions` (B or 1, T) on CPU, every position in
     [0, len(table)). The C loop looks the rows up itself (no cos/sin per token is gathered); where it
     declines (e.g. a gradient whose channels are not contiguous) the rows are gathered."""
-    if not rope_cpu.rotate_((q, k), cos_table, sin_table, rotary_dims, layout, inverse, positions=positions):
+    if not cpu_rotate_((q, k), cos_table, sin_table, rotary_dims, layout, inverse, positions=positions):
         rotate_qk_(q, k, cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1), rotary_dims, layout,
                    inverse)
 
@@ -426,7 +426,7 @@ class RotaryEmbedding(nn.Module):
                 return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
                                          positions=position_ids, inv_freq=self.inv_freq)
             kernel = triton.rotate_qk_
-        elif self.config.cache == "table" and rope_cpu.available() and rope_cpu.supports(q) and rope_cpu.supports(k):
+        elif self.config.cache == "table" and cpu_kernel_available() and cpu_supports(q) and cpu_supports(k):
             if position_ids.dtype != torch.int64 or position_ids.dim() != 2 or position_ids.device.type != "cpu":
                 return None
             if position_ids.shape[1] != q.shape[2] or position_ids.shape[0] not in (1, q.shape[0]):
