@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import os
 import re
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
-from urllib.parse import urlparse
 
+from ropelab import hub
 from ropelab.config import ConfigError
 from ropelab.data.corpus import stdlib_documents, stdlib_entries, stdlib_root
+from ropelab.errors import one_line
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -51,27 +50,17 @@ def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Itera
     raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for 'stdlib'; prepare other sources into a token folder")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
-
-
 def check_hub_reachable(name: str) -> None:
     """Fail fast, in one line, when the Hugging Face hub cannot be reached (offline mode, no DNS, no route)."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
-            raise ConfigError(f"--source {name}: {var} is set, so the Hugging Face hub is off; pass a local file or folder instead")
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    target = urlparse(proxy) if proxy else endpoint
-    host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = getattr(exc, "strerror", None) or _one_line(exc)
+    variable = hub.offline_variable()
+    if variable is not None:
+        raise ConfigError(f"--source {name}: {variable} is set, so the Hugging Face hub is off; pass a local file or folder instead")
+    reason = hub.unreachable_reason(HUB_TIMEOUT_S)
+    if reason is not None:
+        host, port = hub.address()
         raise ConfigError(
             f"--source {name}: cannot reach {host}:{port} ({reason}); check the network, or download the data and pass a local file or folder"
-        ) from None
+        )
 
 
 @dataclass
@@ -147,7 +136,7 @@ class Source:
             except UnicodeDecodeError as exc:
                 raise ConfigError(self._decode_error(exc)) from None
             except Exception as exc:  # the datasets/pyarrow readers: a bad file or a lost connection
-                raise ConfigError(f"--source {self.spec}: could not read document {index} ({_one_line(exc)})") from None
+                raise ConfigError(f"--source {self.spec}: could not read document {index} ({one_line(exc)})") from None
             yield None, self._text(row, index)
             index += 1
 
@@ -169,7 +158,7 @@ class Source:
                     options["sample_by"] = "document"
                 rows = datasets.load_dataset(builder, data_files=[str(p) for p in self.files], split="train", streaming=True, **options)
         except Exception as exc:  # missing repo or config, no network, unreadable files
-            raise ConfigError(f"--source {self.spec}: could not open ({_one_line(exc)})") from None
+            raise ConfigError(f"--source {self.spec}: could not open ({one_line(exc)})") from None
         columns = getattr(rows, "column_names", None)
         if columns is not None and self.text_field not in columns:
             raise ConfigError(f"--source {self.spec}: no text field {self.text_field!r}; fields are {', '.join(columns)} (choose with --text-field)")

@@ -28,7 +28,6 @@ tokens per forward, so the cost follows the sum of squared document lengths, wit
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -36,6 +35,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ropelab import hub
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.tokenizer import HFTokenizer, Tokenizer, load_hf_tokenizer, load_tokenizer
 from ropelab.distill.loss import TeacherHidden
@@ -57,16 +57,6 @@ def _is_ropelab(path: Path) -> bool:
     """A run (or imported) folder, or one of its checkpoints/step_N folders."""
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path
     return (run_dir / "config.yaml").is_file()
-
-
-def _hub_guard(name: str) -> None:
-    """Hub names resolve from the local cache only when the hub cannot be reached (no retry loop)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return
-    from ropelab.evaluate.lm_eval import hub_reachable, set_hub_offline
-
-    if not hub_reachable(timeout=3.0):
-        set_hub_offline()
 
 
 def _teacher_error(teacher: str, why: str) -> ConfigError:
@@ -111,7 +101,7 @@ def _locate(config: RunConfig) -> tuple[str, str, int, Tokenizer]:
                                    "like org/model")
     source = str(path) if _is_local(name) else name
     if not _is_local(name):
-        _hub_guard(name)
+        hub.offline_unless_reachable()  # hub names then resolve from the local cache, at once
     try:
         from transformers import AutoConfig
 

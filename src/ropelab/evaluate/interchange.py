@@ -30,16 +30,12 @@ import torch
 import yaml
 
 from ropelab.config import ConfigError, DataConfig, RunConfig, build_run_config
+from ropelab.errors import one_line
 from ropelab.model import Transformer
 from ropelab.train import checkpoint as ckpt
 
 _STEP = re.compile(r"step_(\d+)")
 _HF_MARKERS = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:limit] if text else ''}".rstrip(": ")
 
 
 def _transformers():
@@ -266,7 +262,7 @@ def _import_tokenizer(name_or_path: str, model_vocab: int) -> tuple[str, str]:
     try:
         tokenizer = load_hf_tokenizer(spec)
     except Exception as exc:  # noqa: BLE001 - any failure: fall back to bytes, and say why
-        return "bytes", f"tokenizer not usable ({_one_line(exc, 150)}); data.tokenizer=bytes"
+        return "bytes", f"tokenizer not usable ({one_line(exc, 150)}); data.tokenizer=bytes"
     if tokenizer.vocab_size > model_vocab:
         return "bytes", f"tokenizer has {tokenizer.vocab_size} tokens, model {model_vocab}; data.tokenizer=bytes"
     return spec, f"data.tokenizer={spec}"
@@ -304,7 +300,7 @@ def import_hf(name_or_path: str, out_dir: str | Path) -> dict:
     try:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(source, **{dtype_key: torch.float32})
     except Exception as exc:  # noqa: BLE001 - offline hub, missing repo, unknown architecture: one line
-        raise ConfigError(f"{name_or_path}: could not load a causal LM ({_one_line(exc)})") from None
+        raise ConfigError(f"{name_or_path}: could not load a causal LM ({one_line(exc, 300)})") from None
     try:
         model = from_hf(hf_model).float().eval()
     except ValueError as exc:

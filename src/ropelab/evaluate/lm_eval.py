@@ -34,21 +34,18 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
-import socket
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
-from urllib.parse import urlsplit
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ropelab import hub
 from ropelab.config import ConfigError
+from ropelab.errors import one_line
 from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
     PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
 )
@@ -349,50 +346,7 @@ def _register() -> None:
 
 _register()
 
-# ------------------------------------------------------------------ network / datasets
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _probe(host: str, port: int, timeout: float) -> bool:
-    """Whether a TCP connection to host:port opens within `timeout` seconds (DNS included)."""
-    outcome: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(True)
-        except OSError:
-            outcome.append(False)
-
-    thread = threading.Thread(target=attempt, daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    return bool(outcome and outcome[0])
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub (``$HF_ENDPOINT``, or the HTTPS proxy) accepts a connection."""
-    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or os.environ.get("ALL_PROXY") or os.environ.get("all_proxy")
-    target = urlsplit(proxy if "://" in (proxy or "") else f"http://{proxy}") if proxy else endpoint
-    port = target.port or (443 if target.scheme == "https" else 80)
-    return bool(target.hostname) and _probe(target.hostname, port, timeout)
-
-
-def set_hub_offline() -> None:
-    """Hub and datasets offline mode, also for modules that read the variables at import."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    hub = sys.modules.get("huggingface_hub.constants")
-    if hub is not None:
-        hub.HF_HUB_OFFLINE = True
-    config = sys.modules.get("datasets.config")
-    if config is not None:
-        config.HF_HUB_OFFLINE = True
-        config.HF_DATASETS_OFFLINE = True
+# ------------------------------------------------------------------ tasks and their datasets
 
 
 def _cfg(entry) -> dict:
@@ -416,11 +370,6 @@ def _needs_hub(entry) -> bool:
     if path is None:
         return True  # a Python task or a group: cannot tell, assume it may download
     return str(path) not in _PACKAGED_BUILDERS and not Path(str(path)).expanduser().exists()
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
 
 
 def _task_manager(names: list[str], include_path: Optional[str]):
@@ -460,13 +409,13 @@ def load_tasks(names: list[str], include_path: Optional[str] = None, probe_timeo
     that cannot be fetched raises ConfigError naming the task and the dataset. When the hub is
     unreachable, offline mode is switched on first so that cached datasets load and others fail at once."""
     manager = _task_manager(names, include_path)
-    offline = _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE")
+    offline = hub.offline_variable() is not None
     index = getattr(manager, "task_index", {}) or {}
-    if not offline and any(_needs_hub(index.get(n)) for n in names) and not hub_reachable(probe_timeout):
+    if not offline and any(_needs_hub(index.get(n)) for n in names) and not hub.reachable(probe_timeout):
         offline = True
         log.info("ropelab: the Hugging Face hub is unreachable; using cached datasets only (offline mode)")
     if offline:
-        set_hub_offline()
+        hub.set_offline()
     loaded = {}
     for name in names:
         try:
@@ -481,7 +430,7 @@ def load_tasks(names: list[str], include_path: Optional[str] = None, probe_timeo
         except Exception as exc:  # noqa: BLE001 - network, missing cache, bad config: one line naming the dataset
             why = "offline and not in the local cache" if offline else "could not be loaded"
             raise ConfigError(
-                f"task {name}: dataset {_dataset_of(index.get(name), exc)} {why} ({_one_line(exc)})"
+                f"task {name}: dataset {_dataset_of(index.get(name), exc)} {why} ({one_line(exc)})"
             ) from None
     return manager, loaded
 
@@ -577,7 +526,7 @@ def cli_evaluate() -> None:
 __all__ = [
     "PAPER_TASKS", "PAPER_METRICS", "RopelabLM", "evaluate_lm", "load_tasks", "resolve_tasks",
     "select_metrics", "results_markdown", "write_reports", "plot_lambada", "effective_rope_fraction",
-    "hub_reachable", "set_hub_offline", "cli_evaluate",
+    "cli_evaluate",
 ]
 
 if __name__ == "__main__":
