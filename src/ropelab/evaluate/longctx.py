@@ -1,17 +1,6 @@
 """Long-context evaluation: passkey retrieval, needle in a haystack, and loss by position.
 
-Retrieval tasks (`TASKS`), each a grid of context lengths x needle depths with a few items per cell:
-  passkey  a synthetic haystack, one filler paragraph repeated (the passkey test of Mohtashami &
-           Jaggi 2023, "Landmark Attention"), hiding "The pass key is 12345. Remember it. ...";
-  needle   a haystack of the run's own validation tokens (packed documents with EOS between them,
-           like the seed's packed training data) hiding "The magic number is 12345."
-Each prompt ends with its question ("... The magic number is") and the answer is " 12345".
-
-Items are built at the token level: the haystack is a slice of token ids, the encoded needle goes
-in at token index round(depth * haystack length) (0 = first, 1 = right before the question), and
-every prompt is exactly `length` tokens. An item depends only on (seed, task, length, item index),
-the tokenizer and the validation split: every depth of a length hides the same answer in the same
-haystack, and runs sharing a data config see identical items (results carry a fingerprint).
+Retrieval tasks and their items: `ropelab.evaluate.longctx_items`.
 
 Scores per item:
   exact match  greedy decoding gives the answer and then no further digit. Greedy decoding is read off
@@ -40,10 +29,9 @@ the reports of `ropelab.evaluate.longctx_report`. CLI: ``ropelab eval longctx RU
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -54,177 +42,9 @@ from torch import nn
 
 from ropelab.attention import attend
 from ropelab.config import ConfigError
-
-TASKS = ("passkey", "needle")
-_TASK_STREAM = {"passkey": 1, "needle": 2}  # seed stream per task (the loss windows use 0)
-
-
-@dataclass(frozen=True)
-class TaskText:
-    needle: str  # with {answer}
-    question: str
-    filler: Optional[str] = None  # repeated to form the haystack; None: validation tokens
-
-
-TASK_TEXT = {
-    "passkey": TaskText(
-        needle="\nThe pass key is {answer}. Remember it. {answer} is the pass key.\n",
-        question="\nWhat is the pass key? The pass key is",
-        filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
-    ),
-    "needle": TaskText(
-        needle="\nThe magic number is {answer}.\n",
-        question="\nWhat is the magic number? The magic number is",
-    ),
-}
-
-
-# ------------------------------------------------------------------ settings
-
-
-@dataclass
-class LongContextSettings:
-    """What `evaluate_longctx` measures; every field is also a keyword of it."""
-
-    tasks: tuple[str, ...] = TASKS
-    lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # prompt tokens
-    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # needle position, 0 = start of the haystack
-    items: int = 2  # per (length, depth) cell
-    distractors: int = 9  # wrong answers the true one is ranked against
-    digits: int = 5  # answer length
-    loss_length: Optional[int] = None  # loss-by-position window; None: the longest length; 0: skip
-    loss_windows: int = 4
-    loss_buckets: int = 12
-    seed: int = 0
-    batch_size: int = 8  # prompts (or loss-by-position windows) per forward pass
-
-    def validate(self) -> "LongContextSettings":
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown or not self.tasks:
-            raise ConfigError(f"tasks={','.join(self.tasks)}: choose one or more of {', '.join(TASKS)}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ConfigError(f"lengths={list(self.lengths)}: need one or more context lengths >= 1 token")
-        for key in ("tasks", "lengths", "depths"):
-            if len(set(getattr(self, key))) != len(getattr(self, key)):
-                raise ConfigError(f"{key}={list(getattr(self, key))}: has repeats")
-        if not self.depths or not all(0.0 <= d <= 1.0 for d in self.depths):
-            raise ConfigError(f"depths={list(self.depths)}: need one or more needle depths in [0, 1]")
-        if not 1 <= self.digits <= 18:
-            raise ConfigError(f"digits={self.digits}: must be in [1, 18]")
-        if not 1 <= self.distractors < 9 * 10 ** (self.digits - 1):
-            raise ConfigError(f"distractors={self.distractors}: must be >= 1 and fewer than the {self.digits}-digit numbers")
-        for key in ("items", "loss_buckets", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}={getattr(self, key)}: must be >= 1")
-        if self.loss_windows < 0 or (self.loss_length is not None and self.loss_length < 0):
-            raise ConfigError("loss_length and loss_windows: must be >= 0 (0 skips loss by position)")
-        return self
-
-    @property
-    def loss_tokens(self) -> int:
-        """Positions scored by loss by position (0: skipped)."""
-        length = max(self.lengths) if self.loss_length is None else self.loss_length
-        return length if self.loss_windows else 0
-
-
-def make_settings(settings: Optional[LongContextSettings] = None, **options: Any) -> LongContextSettings:
-    """`settings` (default: the defaults) with `options` replacing fields, validated."""
-    names = {f.name for f in dataclasses.fields(LongContextSettings)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown long-context option; allowed: {', '.join(sorted(names))}")
-    if isinstance(options.get("tasks"), str):
-        options["tasks"] = [t.strip() for t in options["tasks"].split(",") if t.strip()]
-    options = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in options.items()}
-    return dataclasses.replace(settings or LongContextSettings(), **options).validate()
-
-
-# ------------------------------------------------------------------ items
-
-
-@dataclass
-class Item:
-    task: str
-    length: int
-    depth: float
-    index: int
-    prompt: np.ndarray  # (length,) token ids
-    needle_at: int  # token index where the needle starts in the prompt
-    answer: str
-    candidates: list[list[int]] = field(repr=False)  # token ids; candidates[0] is the true answer
-
-
-def _answers(rng: np.random.Generator, digits: int, count: int) -> list[str]:
-    """`count` distinct numbers of exactly `digits` digits (no leading zero)."""
-    low, high = 10 ** (digits - 1), 10**digits
-    chosen: list[int] = []
-    while len(chosen) < count:
-        value = int(rng.integers(low, high))
-        if value not in chosen:
-            chosen.append(value)
-    return [str(v) for v in chosen]
-
-
-class Filler:
-    """The passkey haystack: one paragraph's tokens repeated, read like a `TokenSplit`."""
-
-    def __init__(self, tokenizer, text: str, length: int):
-        unit = np.asarray(tokenizer.encode_batch([text])[0], dtype=np.int64)
-        self.stream = np.tile(unit, length // len(unit) + 2)
-        self.num_tokens = len(self.stream)
-
-    def tokens(self, start: int, stop: int) -> np.ndarray:
-        return self.stream[start:stop]
-
-
-def haystack_source(tokenizer, task: str, validation, length: int):
-    """What the haystacks of `task` are cut from (`num_tokens`, `tokens(start, stop)`): the validation
-    split, or the task's filler repeated past `length` tokens."""
-    filler = TASK_TEXT[task].filler
-    return validation if filler is None else Filler(tokenizer, filler, length)
-
-
-def build_items(tokenizer, task: str, source, settings: LongContextSettings) -> list[Item]:
-    """Every item of `task`, cell by cell (length-major, then depth, then item index); haystacks are cut
-    from `source` (`haystack_source`)."""
-    text = TASK_TEXT[task]
-    items = []
-    for length in settings.lengths:
-        for index in range(settings.items):
-            rng = np.random.default_rng([settings.seed, _TASK_STREAM[task], length, index])
-            answers = _answers(rng, settings.digits, settings.distractors + 1)
-            needle, question, *candidates = tokenizer.encode_batch(
-                [text.needle.format(answer=answers[0]), text.question] + [" " + a for a in answers]
-            )
-            hay_len = length - len(needle) - len(question)
-            if hay_len < 1:
-                raise ConfigError(
-                    f"lengths: {length} tokens cannot hold the {task} needle and question "
-                    f"({len(needle) + len(question)} tokens with this tokenizer)"
-                )
-            if hay_len > source.num_tokens:
-                raise ConfigError(
-                    f"{task}: the validation split has {source.num_tokens} tokens, fewer than the {hay_len} "
-                    f"of a {length}-token haystack"
-                )
-            start = int(rng.integers(0, source.num_tokens - hay_len + 1))
-            hay = np.asarray(source.tokens(start, start + hay_len), dtype=np.int64)
-            for depth in settings.depths:
-                at = int(round(depth * hay_len))
-                prompt = np.concatenate([hay[:at], needle, hay[at:], question]).astype(np.int64)
-                items.append(Item(task, length, depth, index, prompt, at, answers[0], candidates))
-    items.sort(key=lambda it: (it.length, settings.depths.index(it.depth), it.index))
-    return items
-
-
-def items_fingerprint(items: Sequence[Item]) -> str:
-    digest = hashlib.sha256()
-    for item in items:
-        digest.update(item.prompt.tobytes())
-        for candidate in item.candidates:
-            digest.update(np.asarray(candidate, dtype=np.int64).tobytes())
-    return digest.hexdigest()[:16]
-
+from ropelab.evaluate.longctx_items import (
+    Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
+)
 
 # ------------------------------------------------------------------ scoring
 
@@ -548,8 +368,7 @@ def evaluate_longctx(
 
 
 __all__ = [
-    "TASKS", "LongContextSettings", "make_settings", "Item", "Filler", "haystack_source", "build_items",
-    "items_fingerprint", "greedy_along", "rank_of_true", "candidate_slots", "candidate_logits", "score_items",
+    "greedy_along", "rank_of_true", "candidate_slots", "candidate_logits", "score_items",
     "summarize_cell", "log_buckets", "documents", "position_windows", "loss_by_position", "bucket_means",
     "evaluate_longctx",
 ]
