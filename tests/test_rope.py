@@ -238,16 +238,21 @@ def test_long_context_angles_with_table_cache():
     (torch.arange(5, 12).repeat(2, 1), True),                    # running from 5 in every row, materialised
     (torch.stack([torch.arange(7), torch.arange(2, 9)]), False),  # rows start apart
     (torch.tensor([[0, 1, 2, 0, 1, 2, 3]]), False),              # restarting per document
+    (torch.tensor([[-2, -1, 0, 1, 2, 3, 4]]), None),             # left pads below 0: angles formed, no table
 ])
 def test_table_lookup_equals_the_angles_of_the_positions(positions, sliced):
-    """Running positions shared by every row read a slice of the table (no gather); others gather."""
+    """Running positions shared by every row read a slice of the table (no gather); others gather;
+    negative positions, which no table row holds, get their angles formed (sliced None)."""
     rope = RotaryEmbedding(RopeConfig(fraction=0.5, cache="table"), 16)
     cos, sin = rope.cos_sin(positions)
     expected_cos, expected_sin = RotaryEmbedding(RopeConfig(fraction=0.5, cache="none"), 16).cos_sin(positions)
     assert cos.shape[1:] == expected_cos.shape[1:] and cos.shape[0] == (1 if sliced else positions.shape[0])
     torch.testing.assert_close(cos.expand_as(expected_cos), expected_cos, rtol=0, atol=1e-6)
     torch.testing.assert_close(sin.expand_as(expected_sin), expected_sin, rtol=0, atol=1e-6)
-    assert (cos.untyped_storage().data_ptr() == rope.cos_table.untyped_storage().data_ptr()) == sliced
+    if sliced is None:
+        assert rope.cos_table is None
+    else:
+        assert (cos.untyped_storage().data_ptr() == rope.cos_table.untyped_storage().data_ptr()) == sliced
 
 
 def test_angles_are_looked_up_once_per_position_tensor():

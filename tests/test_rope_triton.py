@@ -139,3 +139,41 @@ def test_gradients_through_partial_rotary(kernel, spec, layout, angles):
         results.append((q_out.detach(), k_out.detach(), *grads))
     for ours, theirs in zip(*results):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", ["table", "none"])
+def test_rotary_embedding_dispatches_to_the_kernel(kernel, cache, monkeypatch):
+    """`RotaryEmbedding` hands q and k to the Triton kernel (angles by position, table grown to the
+    largest position) and gives the reference's values and gradients; a negative position, which
+    the table cannot hold, takes the reference instead of reaching the kernel."""
+    import ropelab.rope as rope_module
+    from ropelab.config import RopeConfig
+    from ropelab.rope import RotaryEmbedding
+
+    calls = []
+    rotate_qk_ = kernel.rotate_qk_
+    monkeypatch.setattr(rope_module, "triton_kernels", lambda: kernel)
+    monkeypatch.setattr(kernel, "rotate_qk_", lambda *a, **kw: calls.append(kw) or rotate_qk_(*a, **kw))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, T, C, generator=g).to(DEVICE).requires_grad_()
+    wq = (torch.randn(H * D, C, generator=g) / C**0.5).to(DEVICE).requires_grad_()
+    wk = (torch.randn(K * D, C, generator=g) / C**0.5).to(DEVICE).requires_grad_()
+    upstream = torch.randn(B, H, T, D, generator=g).to(DEVICE), torch.randn(B, K, T, D, generator=g).to(DEVICE)
+    rope = RotaryEmbedding(RopeConfig(fraction=0.25, theta=500.0, cache=cache), D)
+    for positions, reaches_kernel in ((torch.randint(0, 4000, (B, T), generator=g), True),
+                                      (torch.arange(T).repeat(B, 1) - 1, cache == "none")):
+        positions = positions.to(DEVICE)
+        calls.clear()
+        results = []
+        for fast in (True, False):
+            q = F.linear(x, wq).view(B, T, H, D).transpose(1, 2)
+            k = F.linear(x, wk).view(B, T, K, D).transpose(1, 2)
+            rope.inplace = None if fast else False
+            q_out, k_out = rope(q, k, positions)
+            grads = torch.autograd.grad((q_out, k_out), (x, wq, wk), tuple(u.clone() for u in upstream))
+            results.append((q_out.detach(), k_out.detach(), *grads))
+        for ours, theirs in zip(*results):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+        assert len(calls) == (2 if reaches_kernel else 0)  # forward, then backward (inverse)
+        if reaches_kernel and cache == "table":
+            assert calls[0]["cos_table"].shape[0] == int(positions.max()) + 1

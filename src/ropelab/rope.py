@@ -401,8 +401,10 @@ class RotaryEmbedding(nn.Module):
             T = position_ids.shape[-1]
             cos_table, sin_table = self._table(start + T, position_ids.device)
             return cos_table[start: start + T][None, None], sin_table[start: start + T][None, None]
-        cos_table, sin_table = self._table(int(position_ids.max()) + 1, position_ids.device)
-        return cos_table[position_ids].unsqueeze(1), sin_table[position_ids].unsqueeze(1)
+        tables = self._tables_for(position_ids)
+        if tables is None:  # a negative position (e.g. a left pad): no table row holds it, so form the angles
+            return self._angles(position_ids)
+        return tables[0][position_ids].unsqueeze(1), tables[1][position_ids].unsqueeze(1)
 
     def _tables_for(self, position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The cos/sin tables grown to cover position_ids, for a kernel that looks positions up
@@ -418,10 +420,8 @@ class RotaryEmbedding(nn.Module):
         """A rotation whose kernel takes each token's angles by its position, so that no cos/sin per
         token is formed: Triton on CUDA (table lookup, or angles formed from the frequencies with
         cache none), the C loop on CPU (table cache). None where neither applies."""
-        if q.is_cuda:
-            triton = triton_kernels()
-            if triton is None or not triton.supports(q, k, position_ids):
-                return None
+        triton = triton_kernels()
+        if triton is not None and triton.supports(q, k, position_ids):  # CUDA tensors (or Triton's interpreter)
             if self.config.cache == "none":
                 return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
                                          positions=position_ids, inv_freq=self.inv_freq)
