@@ -285,6 +285,24 @@ def test_position_range_is_checked_once_per_position_tensor_and_again_after_it_c
         assert len(calls) == 2 and rope.cos_table.shape[0] == 5001
 
 
+def test_positions_edited_between_forward_and_backward(cpu_kernel):
+    """The kernel's backward looks the positions up again, so editing them in place after the
+    forward is refused (they could lie past the table); the torch path holds its own cos/sin and
+    gives the gradients of the positions the forward used."""
+    x, wq, wk, positions, (gq, gk) = _setup(torch.float32)
+    rope = _rope("0.25", "half", "table")
+    q, k = _project(x, wq, wk, view=True)
+    q_out, k_out = rope(q, k, positions)
+    expected = _run("0.25", "half", "table", torch.float32, view=True, fast=False)[3]
+    positions.add_(10_000)
+    if cpu_kernel == "c":
+        with pytest.raises(RuntimeError, match="modified in place between the forward pass"):
+            torch.autograd.grad((q_out, k_out), (x, wq, wk), (gq, gk))
+    else:
+        for ours, theirs in zip(torch.autograd.grad((q_out, k_out), (x, wq, wk), (gq, gk)), expected):
+            torch.testing.assert_close(ours, theirs)
+
+
 def test_cpu_kernel_off_or_unbuildable_leaves_the_torch_path(monkeypatch, tmp_path):
     monkeypatch.setenv("ROPELAB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails

@@ -407,9 +407,8 @@ class RotaryEmbedding(nn.Module):
         return tables[0][position_ids].unsqueeze(1), tables[1][position_ids].unsqueeze(1)
 
     def _tables_for(self, position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """The cos/sin tables grown to cover position_ids, for a kernel that looks positions up
-        itself; None if a position is negative. The range check (one pass) runs once per position
-        tensor, not once per layer."""
+        """The cos/sin tables grown to cover position_ids; None if a position is negative (no table
+        row holds it). The range check (one pass) runs once per position tensor, not once per layer."""
         last = self._last_range
         if last is None or last[0]() is not position_ids or last[1] != position_ids._version:
             low, high = torch.aminmax(position_ids)
@@ -422,9 +421,6 @@ class RotaryEmbedding(nn.Module):
         cache none), the C loop on CPU (table cache). None where neither applies."""
         triton = triton_kernels()
         if triton is not None and triton.supports(q, k, position_ids):  # CUDA tensors (or Triton's interpreter)
-            if self.config.cache == "none":
-                return functools.partial(triton.rotate_qk_, rotary_dims=self.rotary_dims, layout=self.layout,
-                                         positions=position_ids, inv_freq=self.inv_freq)
             kernel = triton.rotate_qk_
         elif self.config.cache == "table" and cpu_kernel_available() and cpu_supports(q) and cpu_supports(k):
             if position_ids.dtype != torch.int64 or position_ids.dim() != 2 or position_ids.device.type != "cpu":
@@ -434,11 +430,24 @@ class RotaryEmbedding(nn.Module):
             kernel = rotate_qk_at_positions_
         else:
             return None
-        tables = self._tables_for(position_ids)
-        if tables is None:
-            return None
-        return functools.partial(kernel, rotary_dims=self.rotary_dims, layout=self.layout, positions=position_ids,
-                                 cos_table=tables[0], sin_table=tables[1])
+        if self.config.cache == "none":
+            angles = {"inv_freq": self.inv_freq}
+        else:
+            tables = self._tables_for(position_ids)
+            if tables is None:
+                return None
+            angles = {"cos_table": tables[0], "sin_table": tables[1]}
+        version = position_ids._version
+
+        def rotation(q: torch.Tensor, k: torch.Tensor, inverse: bool = False) -> None:
+            # Backward reads the positions again: edited in place since, they might lie past the table.
+            if position_ids._version != version:
+                raise RuntimeError("RoPE: the position ids were modified in place between the forward pass that "
+                                   "used them and its backward pass; clone them before editing")
+            kernel(q, k, rotary_dims=self.rotary_dims, layout=self.layout, inverse=inverse, positions=position_ids,
+                   **angles)
+
+        return rotation
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k.
