@@ -31,9 +31,7 @@ import contextlib
 import ctypes
 import json
 import math
-import os
 import platform
-import shutil
 import statistics
 import subprocess
 import time
@@ -63,7 +61,7 @@ void touch(float *x, int64_t rows, int64_t width, int64_t n, int64_t threads) {
 
 def touch_loop():
     """`touch` compiled as rope_cpu's kernel is (same flags, OpenMP), or None without a compiler."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = rope_cpu.c_compiler()
     if compiler is None:
         return None
     try:

@@ -42,6 +42,7 @@ from torch import nn
 
 from ropelab.config import RopeConfig
 from ropelab.rope_cpu import available as cpu_kernel_available, rotate_ as cpu_rotate_, supports as cpu_supports
+from ropelab.rope_cpu import supports_positions as cpu_supports_positions
 
 # (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
 Rotation = Callable[..., None]
@@ -208,9 +209,7 @@ def rotate_qk_at_positions_(
 def _writable(grad: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`grad`, or a copy of it where writing into it in place would be wrong: its elements overlap
     (an expanded gradient, e.g. of a sum) or it shares memory with `other`."""
-    if torch._debug_has_internal_overlap(grad) != 0 or (
-        other is not None and grad.untyped_storage().data_ptr() == other.untyped_storage().data_ptr()
-    ):
+    if torch._debug_has_internal_overlap(grad) != 0 or (other is not None and _shares_memory(grad, other)):
         return grad.clone()
     return grad
 
@@ -333,6 +332,11 @@ def _shared_run_start(position_ids: torch.Tensor) -> Optional[int]:
     return start if start >= 0 and bool((ids == np.arange(start, start + ids.shape[1])).all()) else None
 
 
+def _made_for(memo: Optional[tuple], position_ids: torch.Tensor) -> bool:
+    """Whether `memo` (weak reference, version, ...) was made for this very position tensor, unchanged since."""
+    return memo is not None and memo[0]() is position_ids and memo[1] == position_ids._version
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE for one layer setting: frequencies, an optional cos/sin table, and the rotation.
 
@@ -382,9 +386,8 @@ class RotaryEmbedding(nn.Module):
             # Under torch.compile the table's data-dependent size (max position) would break the
             # graph; the angles of the positions themselves are the same numbers the table holds.
             return self._angles(position_ids)
-        last = self._last
-        if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
-            return last[2]
+        if _made_for(self._last, position_ids):
+            return self._last[2]
         cos_sin = self._cos_sin(position_ids)
         self._last = (weakref.ref(position_ids), position_ids._version, cos_sin)
         return cos_sin
@@ -409,11 +412,11 @@ class RotaryEmbedding(nn.Module):
     def _tables_for(self, position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The cos/sin tables grown to cover position_ids; None if a position is negative (no table
         row holds it). The range check (one pass) runs once per position tensor, not once per layer."""
-        last = self._last_range
-        if last is None or last[0]() is not position_ids or last[1] != position_ids._version:
+        if not _made_for(self._last_range, position_ids):
             low, high = torch.aminmax(position_ids)
-            last = self._last_range = (weakref.ref(position_ids), position_ids._version, int(low), int(high))
-        return None if last[2] < 0 else self._table(last[3] + 1, position_ids.device)
+            self._last_range = (weakref.ref(position_ids), position_ids._version, int(low), int(high))
+        low, high = self._last_range[2:]
+        return None if low < 0 else self._table(high + 1, position_ids.device)
 
     def _kernel_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
         """A rotation whose kernel takes each token's angles by its position, so that no cos/sin per
@@ -422,11 +425,9 @@ class RotaryEmbedding(nn.Module):
         triton = triton_kernels()
         if triton is not None and triton.supports(q, k, position_ids):  # CUDA tensors (or Triton's interpreter)
             kernel = triton.rotate_qk_
-        elif self.config.cache == "table" and cpu_kernel_available() and cpu_supports(q) and cpu_supports(k):
-            if position_ids.dtype != torch.int64 or position_ids.dim() != 2 or position_ids.device.type != "cpu":
-                return None
-            if position_ids.shape[1] != q.shape[2] or position_ids.shape[0] not in (1, q.shape[0]):
-                return None
+        elif self.config.cache == "table" and cpu_kernel_available() and all(
+            cpu_supports(x) and cpu_supports_positions(position_ids, x) for x in (q, k)
+        ):
             kernel = rotate_qk_at_positions_
         else:
             return None

@@ -190,12 +190,17 @@ def compile_library(compiler: str, source: str = SOURCE, name: str = "rope_cpu")
     return library
 
 
+def c_compiler() -> Optional[str]:
+    """The system C compiler: ``$CC``, else ``cc`` or ``gcc`` on the PATH; None without one."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled kernel, or None (disabled, no compiler, or the build failed: a warning says why)."""
     if os.environ.get("ROPELAB_CPU_KERNEL", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if compiler is None:
         return None
     try:
@@ -219,6 +224,12 @@ def available() -> bool:
 def supports(x: torch.Tensor) -> bool:
     """Whether the kernel can rotate x: a 4-D float32/bfloat16 CPU tensor with unit channel stride."""
     return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4 and x.stride(-1) == 1
+
+
+def supports_positions(positions: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether `positions` can pick the table rows of x's (B, H, T) rows: int64 on the CPU, (B or 1, T)."""
+    return (positions.dtype == torch.int64 and positions.device.type == "cpu" and positions.dim() == 2
+            and positions.shape[1] == x.shape[2] and positions.shape[0] in (1, x.shape[0]))
 
 
 def _rows(x: torch.Tensor, sizes: Sequence[int], strides: Sequence[int]) -> Optional[list[int]]:
@@ -260,7 +271,7 @@ def rotate_(
             return False
         sizes, strides = (1,) * pad + tuple(cos.shape[:-1]), (0,) * pad + cos.stride()[:-1]
     else:
-        if positions.dtype != torch.int64 or positions.device.type != "cpu" or positions.dim() != 2 or cos.dim() != 2:
+        if cos.dim() != 2 or not all(supports_positions(positions, x) for x in tensors):
             return False
         cos, sin = cos.contiguous(), sin.contiguous()  # rows of `half` floats, as the kernel indexes them
         sizes, strides = (positions.shape[0], 1, positions.shape[1]), (positions.stride(0), 0, positions.stride(1))
