@@ -29,7 +29,8 @@ import torch
 
 from ropelab.config import MODEL_PRESETS, TrainConfig
 from ropelab.model import Transformer
-from ropelab.rope import inverse_frequencies, resolve_rotary_dims, rope_angles, rotate_qk_, triton_kernels
+from ropelab.config import resolve_rotary_dims
+from ropelab.rope import inverse_frequencies, rope_angles, rotate_qk_, triton_kernels
 from ropelab.train.optim import build_optimizer
 from ropelab.train.throughput import Throughput, peak_bandwidth
 

@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ropelab.distill.loss import TeacherHidden, kd_loss
+from ropelab.train.loss import TeacherHidden, kd_loss
 
 METHODS = ("chunked", "chunked_top64", "direct")
 TEMPERATURE = 2.0

@@ -42,7 +42,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_
 
 from ropelab import rope_cpu
 from ropelab.config import RopeConfig
-from ropelab.rope import RotaryEmbedding, resolve_rotary_dims
+from ropelab.config import resolve_rotary_dims
+from ropelab.rope import RotaryEmbedding
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOUCH_SOURCE = r"""

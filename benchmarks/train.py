@@ -4,7 +4,7 @@
     python benchmarks/train.py --steps 8 --precisions fp32 --threads 1
 
 One step = forward (with loss), backward, AdamW step, zero_grad. Both models hold the same weights
-(`ropelab.evaluate.hf.to_hf`, sdpa attention), see the same batch and use the same optimizer:
+(`ropelab.sources.hf.to_hf`, sdpa attention), see the same batch and use the same optimizer:
 `ropelab.train.optim.build_optimizer`, i.e. fused AdamW (HF's Trainer also defaults to fused AdamW,
 "adamw_torch_fused", with torch >= 2.8). Their steps alternate, so both meet the same machine load.
 `--compile` wraps both models in torch.compile (default: eager). Figures are tokens/s from the
@@ -40,7 +40,7 @@ import time
 import torch
 
 from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig, TrainConfig
-from ropelab.evaluate.hf import to_hf
+from ropelab.sources.hf import to_hf
 from ropelab.model import Transformer
 from ropelab.precision import gemm_in_fp32, matmul_dtype, mixed_precision
 from ropelab.train.optim import build_optimizer

@@ -1,4 +1,6 @@
 import os
+import sys
+from pathlib import PurePath
 
 import pytest
 
@@ -9,6 +11,34 @@ def ropelab_cache(tmp_path_factory):
     path = os.environ.get("ROPELAB_TEST_CACHE") or str(tmp_path_factory.mktemp("ropelab-cache"))
     os.environ["ROPELAB_CACHE"] = path
     return path
+
+
+@pytest.fixture(autouse=True)
+def hub_environment(monkeypatch, tmp_path_factory):
+    """The Hugging Face hub as a fresh shell sees it, whatever the user's shell sets: no offline
+    switch (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE) and HF_HOME in one temporary
+    folder for the session (no cache-path override either). huggingface_hub.constants and
+    datasets.config read these at import, so where they are imported already their copies are
+    patched too, as `ropelab.hub.set_offline` patches them. Everything is restored after the test."""
+    home = tmp_path_factory.getbasetemp() / "hf-home"
+    home.mkdir(exist_ok=True)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE"):
+        monkeypatch.setenv(name, "")  # records the value to restore, also when unset: a test's own
+        monkeypatch.delenv(name, raising=False)  # os.environ writes (set_offline) are undone after it
+    monkeypatch.setenv("HF_HOME", str(home))
+    for module_name, home_name, flags in (("huggingface_hub.constants", "HF_HOME", ["HF_HUB_OFFLINE"]),
+                                          ("datasets.config", "HF_CACHE_HOME", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])):
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for flag in flags:
+            monkeypatch.setattr(module, flag, False)
+        old = str(getattr(module, home_name))
+        for name, value in list(vars(module).items()):  # the cache and token paths derived from HF_HOME
+            if name.isupper() and isinstance(value, (str, PurePath)) and str(value).startswith(old):
+                monkeypatch.setattr(module, name, type(value)(str(home) + str(value)[len(old):]))
+    return home
 
 
 TINY = [
@@ -27,3 +57,22 @@ def tiny_overrides():
 def tiny_session_overrides():
     """TINY for module- and session-scoped fixtures (copy before extending)."""
     return tuple(TINY)
+
+
+# A tiny trained run with a tokenizers-backed BPE, shared by the export and lm-eval tests.
+TINY_BPE = [
+    "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
+    "data.tokenizer=bpe:300", "data.seq_len=32", "train.micro_batch=2", "train.steps=3", "train.eval_every=3",
+    "train.eval_batches=1", "train.checkpoint_every=3", "train.progress=false",
+]
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory, ropelab_cache):
+    """Read-only: tests export and evaluate it but never write into it."""
+    from ropelab.config import build_run_config
+    from ropelab.train.loop import train
+
+    run_dir = tmp_path_factory.mktemp("tiny_bpe") / "run"
+    train(build_run_config(overrides=TINY_BPE), run_dir)
+    return run_dir

@@ -10,13 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ropelab.config import ModelConfig, RopeConfig
+from ropelab.config import ModelConfig, RopeConfig, resolve_rotary_dims
 from ropelab.model import Transformer
 from ropelab.rope import (
     RotaryEmbedding,
     apply_partial_rope,
     inverse_frequencies,
-    resolve_rotary_dims,
     rope_angles,
     rotate,
     table_cache_bytes,

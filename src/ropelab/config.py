@@ -28,6 +28,16 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- RoPE
 
 
+def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optional[int] = None) -> int:
+    """Number of rotated channels per head for a fraction or an explicit even count:
+    ``2 * floor(fraction * head_dim / 2)``, at least 2 for any fraction > 0."""
+    if rotary_dims is not None:
+        return int(rotary_dims)
+    if fraction <= 0:
+        return 0
+    return max(2, 2 * math.floor(fraction * head_dim / 2 + 1e-9))
+
+
 @dataclass
 class RopeConfig:
     """How one attention layer rotates its queries and keys.
@@ -57,8 +67,6 @@ class RopeConfig:
     cache: Literal["table", "none"] = "table"
 
     def resolve_dims(self, head_dim: int) -> int:
-        from ropelab.rope import resolve_rotary_dims
-
         return resolve_rotary_dims(head_dim, self.fraction, self.rotary_dims)
 
     def validate(self, head_dim: int, key: str = "model.rope") -> None:
@@ -315,6 +323,9 @@ class TrainConfig:
     spike_window: int = 50
     z_loss: float = 0.0  # PaLM's auxiliary loss z * logsumexp(logits)^2 (keeps logits from drifting)
     phases: list[PhaseConfig] = field(default_factory=list)
+    # A model source (run, checkpoint, imported or HF folder, hub name, GGUF file, built-in name) whose
+    # weights start the run, with a fresh optimizer and schedule (see `ropelab.sources.init`)
+    init_from: Optional[str] = None
 
     def validate(self) -> None:
         for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
@@ -356,7 +367,7 @@ class DistillConfig:
 
     loss = alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE, per non-ignored token;
     alpha = 1 is pure KD as in the seed. `top_k` keeps the teacher's k most likely ids plus one
-    "rest" bucket (see `ropelab.distill.loss`). `teacher` is a Hugging Face causal LM (hub name or
+    "rest" bucket (see `ropelab.train.loss`). `teacher` is a Hugging Face causal LM (hub name or
     local folder) or a ropelab run / checkpoint folder; `logits_cache` is a folder written by
     `ropelab distill --cache` (offline KD: the teacher is not loaded). The teacher must share the
     student's tokenizer. Positions without a label (-100: padding, and document boundaries with

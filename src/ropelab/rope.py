@@ -40,25 +40,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ropelab.config import RopeConfig
+from ropelab.config import RopeConfig, resolve_rotary_dims
 from ropelab.rope_cpu import available as cpu_kernel_available, rotate_ as cpu_rotate_, supports as cpu_supports
 from ropelab.rope_cpu import supports_positions as cpu_supports_positions
 
 # (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
 Rotation = Callable[..., None]
-
-
-def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optional[int] = None) -> int:
-    """Number of rotated channels per head for a fraction or an explicit even count."""
-    if rotary_dims is not None:
-        return int(rotary_dims)
-    if fraction <= 0:
-        return 0
-    return max(2, 2 * math.floor(fraction * head_dim / 2 + 1e-9))
-
-
-def effective_fraction(head_dim: int, rotary_dims: int) -> float:
-    return rotary_dims / head_dim
 
 
 def inverse_frequencies(

@@ -65,7 +65,7 @@ def make_ropelab_teacher(tmp_path_factory):
     made once per session for each argument set: tests only read it."""
     from functools import cache
 
-    from ropelab.evaluate.interchange import save_weights_only
+    from ropelab.sources.imported import save_weights_only
     from ropelab.model import Transformer
 
     @cache

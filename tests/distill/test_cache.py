@@ -10,7 +10,7 @@ import torch
 from ropelab.config import ConfigError
 from ropelab.data.pipeline import build_loaders
 from ropelab.distill.cache import CachedTeacher, cache_teacher_logits
-from ropelab.distill.loss import kd_loss
+from ropelab.train.loss import kd_loss
 from ropelab.distill.teacher import load_teacher
 
 CACHE = ["train.grad_accum=2", "distill.top_k=5", "distill.temperature=1.5"]

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from ropelab.config import build_run_config
 from ropelab.data.loader import Batch
-from ropelab.distill.loss import TeacherHidden
-from ropelab.distill.objective import DistillObjective, build_objective, cross_entropy_objective
+from ropelab.train.loss import TeacherHidden
+from ropelab.distill.objective import DistillObjective, build_objective
+from ropelab.train.objectives import build_objective as train_objective, cross_entropy_objective
 from ropelab.model import Transformer
 
 
@@ -79,11 +80,11 @@ def test_distill_objective_mixes_kd_and_ce_and_passes_document_ids(use_doc_mask)
 def test_build_objective_with_the_student_as_its_own_teacher(make_ropelab_teacher, student_config):
     """Same weights: the teacher's distribution is the student's over the 259 real tokens, and the
     student also puts mass m on its 61 padding rows, so q = (1 - m) p there and KL(p || q) = -log(1 - m)."""
-    from ropelab.evaluate.interchange import load_model
+    from ropelab.sources import load
 
     run = make_ropelab_teacher()
-    student, _ = load_model(run)
-    assert build_objective(student_config()).source is None
+    student, _, _ = load(run)
+    assert train_objective(student_config(), "cpu").source is None  # no distill section: cross-entropy
     batch = _batch(3)
     full = build_objective(student_config(f"distill.teacher={run}"))
     loss, figures = full(student, batch)
@@ -94,7 +95,7 @@ def test_build_objective_with_the_student_as_its_own_teacher(make_ropelab_teache
     assert figures["kd"] == pytest.approx(-torch.log1p(-m).mean().item(), rel=1e-4)
     assert figures["ce"] == pytest.approx(ce.item(), rel=1e-5) and loss.item() == pytest.approx(figures["kd"])
 
-    top = build_objective(student_config(f"distill.teacher={run}", "distill.top_k=7"), source=full.source)
+    top = build_objective(student_config(f"distill.teacher={run}", "distill.top_k=7"), previous=full)
     assert top.source is full.source
     _, top_figures = top(student, batch)
     assert 0 < top_figures["kd"] <= figures["kd"]  # merging outcomes never increases the KL

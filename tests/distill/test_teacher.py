@@ -21,7 +21,7 @@ def test_hf_teacher_with_padding_rows_gives_its_logits(make_hf_teacher, bpe_file
     folder = make_hf_teacher(320, bpe_file)  # 300 tokens + 20 padding rows
     config = student_config(f"data.tokenizer={bpe_file}", f"distill.teacher={folder}")
     info = check_teacher(config)
-    assert (info.kind, info.rows, info.vocab) == ("hf", 320, 300)
+    assert (info.source.kind, info.rows, info.vocab) == ("hf", 320, 300)
     teacher = load_teacher(config)
     assert teacher.weight.shape[0] == 300 and not teacher.module.training
     assert all(not p.requires_grad for p in teacher.module.parameters())
@@ -65,16 +65,16 @@ def test_hf_teacher_per_document_equals_a_dense_document_mask(make_hf_teacher, b
 
 
 def test_ropelab_teacher_from_run_and_checkpoint(make_ropelab_teacher, student_config):
-    from ropelab.evaluate.interchange import load_model
+    from ropelab.sources import load
 
     run = make_ropelab_teacher()
-    model, _ = load_model(run)
+    model, _, _ = load(run)
     ids, pos = _ids(259)
     with torch.no_grad():
         expected = model(ids, position_ids=pos)[0][..., :259]  # bytes: 259 tokens, rows padded to 320
     for source in (run, run / "checkpoints" / "step_00000003"):
         teacher = load_teacher(student_config(f"distill.teacher={source}"))
-        assert teacher.info.kind == "ropelab" and teacher.weight.shape[0] == 259
+        assert teacher.info.source.is_ropelab and teacher.weight.shape[0] == 259
         got = teacher.targets(ids, pos).logits(torch.arange(ids.numel())).view(2, 12, 259)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the student's autocast does not reach the teacher
@@ -100,11 +100,11 @@ def test_fewer_rows_than_tokens_and_missing_tokenizer_are_refused(make_hf_teache
 
 
 def test_missing_teacher_and_bad_settings_fail_before_work(tmp_path, make_ropelab_teacher, student_config):
-    with pytest.raises(ConfigError, match="no such folder") as err:
+    with pytest.raises(ConfigError, match="no such file or directory") as err:
         check_teacher(student_config(f"distill.teacher={tmp_path / 'nope'}"))
     assert "\n" not in str(err.value)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match="not a ropelab run directory .* a Hugging Face model folder"):
         check_teacher(student_config(f"distill.teacher={tmp_path / 'empty'}"))
     run = make_ropelab_teacher()
     with pytest.raises(ConfigError, match=r"distill.top_k=260: larger than the vocabulary \(259 tokens\)"):

@@ -159,7 +159,7 @@ def _in_process_routes(run, tasks_dir, tmp_path):
     from lm_eval.tasks import TaskManager
 
     from ropelab.data.tokenizer import load_tokenizer
-    from ropelab.evaluate.interchange import export_hf
+    from ropelab.export.hf import export_hf
 
     # ropelab's own entry point: reports for one run
     out = tmp_path / "eval"

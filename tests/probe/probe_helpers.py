@@ -3,7 +3,7 @@
 import torch
 
 from ropelab.config import build_run_config
-from ropelab.evaluate.interchange import save_weights_only
+from ropelab.sources.imported import save_weights_only
 from ropelab.model import Transformer
 
 # head_dim 16, half of it rotated: queries and keys have rotated and unrotated channels.

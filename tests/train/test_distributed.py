@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 from ropelab.config import ConfigError, build_run_config
-from ropelab.evaluate.interchange import load_model
+from ropelab.sources import load
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
@@ -95,8 +95,8 @@ def test_fsdp_two_processes_match_one_process_with_accumulation(tmp_path, tiny_o
     # Only the last checkpoint gathered the weights into model.safetensors; the others load from their shards.
     with_file = [p.name for p in ckpt.list_checkpoints(run) if (p / ckpt.WEIGHTS).is_file()]
     assert with_file == [f"step_{STEPS:08d}"]
-    sharded, _ = load_model(ckpt.step_dir(run, 4))
-    reference, _ = load_model(ckpt.step_dir(one_process_reference, 4))
+    sharded, _, _ = load(ckpt.step_dir(run, 4))
+    reference, _, _ = load(ckpt.step_dir(one_process_reference, 4))
     for (name, a), b in zip(sharded.state_dict().items(), reference.state_dict().values()):
         assert torch.allclose(a, b, rtol=0, atol=1e-5), name
 

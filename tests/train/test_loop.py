@@ -136,15 +136,15 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, tiny_overrides)
 
 
 def test_checkpoints_without_full_weights_load_from_their_shards(tmp_path, tiny_overrides):
-    from ropelab.evaluate.interchange import load_model
+    from ropelab.sources import load
 
     run = tmp_path / "run"
     train(build_run_config(overrides=tiny_overrides + ["train.full_weights=boundaries"]), run)
     first, last = ckpt.list_checkpoints(run)
     assert not (first / ckpt.WEIGHTS).exists() and (last / ckpt.WEIGHTS).is_file()
     assert ckpt.weights_vocab(first) == ckpt.weights_vocab(last)
-    from_shards = load_model(first)[0].state_dict()
-    trainers_way, _ = load_model(last)
+    from_shards = load(first).model.state_dict()
+    trainers_way, _, _ = load(last)
     final = {name: t.clone() for name, t in trainers_way.state_dict().items()}
     ckpt.load_checkpoint(first, trainers_way)  # the same shards, read as a resume reads them
     assert all(torch.equal(t, trainers_way.state_dict()[name]) for name, t in from_shards.items())

@@ -9,7 +9,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from ropelab.config import build_run_config
 from ropelab.errors import TrainingDiverged
 from ropelab.train import checkpoint as ckpt
-from ropelab.distill.objective import cross_entropy_objective
+from ropelab.train.objectives import cross_entropy_objective
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
 

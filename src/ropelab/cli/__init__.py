@@ -2,6 +2,8 @@
 of its commands (`COMMANDS`); `ropelab.cli.COMMANDS` is their concatenation, in help order.
 
 Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2.
+Handlers import the library functions they call when they run, so that `ropelab --help` and the
+argument checks start without importing torch and every feature.
 """
 
 from __future__ import annotations

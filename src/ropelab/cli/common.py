@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ropelab.config import MODEL_PRESETS, RunConfig, build_run_config, load_yaml
+from ropelab.config import MODEL_PRESETS, RunConfig, load_yaml
 
 # (name, add_arguments(parser), handler(args) -> exit code, help)
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -21,6 +21,7 @@ overrides are dotted key=value pairs, values parsed as YAML, e.g.
   train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=auto|bf16|fp32
   train.bf16_gemm=auto|native|fp32
   train.checkpoint_every=50   train.eval_every=50   attention.doc_mask=true   seed=1
+  train.init_from=<run | checkpoint | HF folder or name | .gguf | smollm2-135m>  (fine-tune from its weights)
 rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for any fraction > 0.
 """
 
@@ -36,11 +37,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config of --config, --preset and the overrides; with `train.init_from`, the source's
+    model settings and tokenizer are the defaults (`ropelab.sources.run_config`)."""
+    from ropelab.sources import run_config
+
     base = load_yaml(args.config) if args.config else {}
     overrides = list(args.overrides)
     if args.no_progress:
         overrides.append("train.progress=false")
-    return build_run_config(base, args.preset, overrides)
+    return run_config(base, args.preset, overrides)
 
 
 def command_group(table: list[Command], name: str) -> tuple[Callable, Callable]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ropelab.cli.common import Command
 
@@ -13,7 +14,7 @@ def _add_export(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ropelab.evaluate.interchange import export_hf
+    from ropelab.export.hf import export_hf
 
     info = export_hf(args.source, args.out_dir)
     print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
@@ -25,15 +26,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_import(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="HF_NAME_OR_PATH", help="a Hugging Face hub name or a local model folder (Llama, Qwen2, Qwen3, GPT-NeoX)")
+    p.add_argument("source", metavar="SOURCE", help="a Hugging Face hub name or model folder, a .gguf file, or a built-in name such as smollm2-135m (Llama, Qwen2, Qwen3, GPT-NeoX)")
     p.add_argument("--out", dest="out_dir", help="new ropelab folder, must not exist or be empty (default: runs/<model name>)")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ropelab.evaluate.interchange import import_hf
+    from ropelab.sources import import_model
 
-    out_dir = args.out_dir or f"runs/{args.source.rstrip('/').split('/')[-1]}"
-    info = import_hf(args.source, out_dir)
+    out_dir = args.out_dir or f"runs/{Path(args.source.rstrip('/')).stem}"
+    info = import_model(args.source, out_dir)
     print(f"imported {info['source']} ({info['architecture']}, {info['params']:,} params) -> {info['out_dir']}")
     print(f"wrote config.yaml, {info['checkpoint']}, import.json; tokenizer: {info['tokenizer']}")
     return 0
@@ -41,5 +42,5 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 COMMANDS: list[Command] = [
     ("export", _add_export, cmd_export, "write a run or checkpoint as a native Hugging Face model folder"),
-    ("import", _add_import, cmd_import, "convert a Hugging Face causal LM into a ropelab folder"),
+    ("import", _add_import, cmd_import, "convert a Hugging Face or GGUF causal LM into a ropelab folder"),
 ]

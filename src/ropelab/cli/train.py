@@ -11,6 +11,7 @@ from ropelab.config import ConfigError, MODEL_PRESETS, build_run_config
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import ropelab.distill  # noqa: F401 - registers the KD objective for configs with a distill section
     from ropelab.train.loop import train
 
     if args.resume:

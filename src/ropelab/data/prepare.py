@@ -30,7 +30,7 @@ import numpy as np
 
 from ropelab.config import ConfigError
 from ropelab.data.corpus import in_validation
-from ropelab.data.sources import Source
+from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
 
@@ -296,8 +296,6 @@ def _write_manifest(folder: Path, tokenizer: Tokenizer, settings: dict, state: d
 
 def builtin_token_folder(corpus: str, tokenizer: Tokenizer, val_percent: float) -> Path:
     """The built-in corpus tokenized into the cache (once), keyed by corpus, split and tokenizer."""
-    from ropelab.data.sources import corpus_key
-
     folder = cache_dir() / "tokens" / f"{corpus}-{corpus_key(corpus, val_percent)}-{tokenizer.fingerprint()}-{FORMAT}"
     if not (folder / "manifest.json").is_file():
         prepare(Source(corpus), tokenizer, folder, val_percent=val_percent, progress=False)

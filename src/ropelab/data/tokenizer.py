@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Protocol
 
 from ropelab.config import ConfigError
+from ropelab.data.sources import corpus_documents, corpus_key
+from ropelab.data.tokens import read_manifest
 
 
 def cache_dir() -> Path:
@@ -116,8 +118,6 @@ def load_bpe(vocab_size: int, corpus: str, val_percent: float) -> HFTokenizer:
     """The BPE trained on `corpus`'s training split, from cache or trained now (seconds on stdlib)."""
     from tokenizers import Tokenizer as RustTokenizer
 
-    from ropelab.data.sources import corpus_documents, corpus_key
-
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ConfigError(f"data.tokenizer=bpe:{vocab_size}: vocabulary must be at least {256 + len(SPECIAL_TOKENS)}")
     path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{corpus_key(corpus, val_percent)}.json"
@@ -161,8 +161,6 @@ def tokenizer_file_fingerprint(path: Path) -> str:
 
 def prepared_folder_tokenizer(spec: str, corpus: str) -> Optional[Tokenizer]:
     """The tokenizer saved in prepared token folder `corpus`, if it was made with `spec`."""
-    from ropelab.data.tokens import read_manifest
-
     folder = Path(corpus)
     if corpus == "stdlib" or not (folder / "manifest.json").is_file():
         return None

@@ -33,7 +33,12 @@ import numpy as np
 import torch
 
 from ropelab.config import ConfigError, RunConfig
-from ropelab.distill.loss import TeacherTopK, teacher_topk
+from ropelab.data.pipeline import build_loaders
+from ropelab.distill.teacher import check_teacher, load_teacher
+from ropelab.files import new_folder
+from ropelab.train.distributed import resolve_device
+from ropelab.train.loss import TeacherTopK, teacher_topk
+from ropelab.train.phases import resolve_phases
 
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
 MANIFEST = "manifest.json"
@@ -59,8 +64,6 @@ def _settings(config: RunConfig) -> dict:
 
 def _phase_plan(config: RunConfig, steps: Optional[int]) -> list[tuple]:
     """[(phase, steps cached in it)] for the first `steps` global steps (all when None)."""
-    from ropelab.train.phases import resolve_phases
-
     phases = resolve_phases(config, config.train.data_parallel or 1)
     end = phases[-1].end if steps is None else steps
     return [(p, min(p.end, end) - p.start) for p in phases if min(p.end, end) > p.start]
@@ -95,8 +98,6 @@ def cache_teacher_logits(config: RunConfig, out_dir: str | Path, steps: Optional
     for the run's first `steps` optimizer steps (default: all of them, across `train.phases`) into
     the new folder `out_dir`. Prints and returns the byte size of the shard files; `dry_run` stops
     there. The teacher and the folder are checked before anything is computed."""
-    from ropelab.distill.teacher import check_teacher
-
     config = config.validate()
     distill = config.distill
     if distill is None or not distill.teacher:
@@ -129,13 +130,8 @@ def _append(files, teacher, batch, config: RunConfig, k: int, dtype: str) -> Non
 
 
 def _write(config: RunConfig, out: Path, plan: list[tuple], k: int, dtype: str, batches: int, shard_bytes: int) -> None:
-    from ropelab.data.pipeline import build_loaders
-    from ropelab.distill.teacher import load_teacher
-    from ropelab.evaluate.interchange import _new_folder
-    from ropelab.train.distributed import _resolve_device
-
-    with _new_folder(out) as tmp:
-        teacher = load_teacher(config, _resolve_device(config.train.device, None))
+    with new_folder(out) as tmp:
+        teacher = load_teacher(config, resolve_device(config.train.device, None))
         entries, shards, phases = {}, [], []
         with _progress(config.train.progress) as progress:
             task = progress.add_task("cache", total=batches)

@@ -7,16 +7,15 @@
   Teacher.targets(...)           -> `TeacherHidden`: final hidden states + output head, so that
                                  `kd_loss` makes the teacher's logits one chunk of tokens at a time
 
-`distill.teacher` is read as a ropelab run directory or checkpoint folder (anything holding a
-config.yaml, see `ropelab.evaluate.interchange.resolve_checkpoint`), else as a Hugging Face model
-folder or hub name (`AutoModelForCausalLM`; hidden states from `get_decoder()`, the head from
-`get_output_embeddings()`). When the hub is unreachable, hub names resolve from the local cache only,
-so a missing model fails at once instead of retrying.
+`distill.teacher` is any model source (`ropelab.sources.resolve`): a ropelab run or checkpoint, a
+GGUF file or built-in name (imported once into the cache, then a ropelab model), or a Hugging Face
+model folder or hub name, run natively by transformers (`AutoModelForCausalLM`; hidden states from
+`get_decoder()`, the head from `get_output_embeddings()`), so any causal LM can teach.
 
 Vocabulary. The teacher must use the student's tokenizer: the same fingerprint, or the same
 token -> id table. Embedding rows beyond the tokenizer's size are padding (ropelab pads to a
 multiple of 64, many HF models too): the teacher's head is cut to the tokenizer's ids, and student
-rows beyond them receive zero teacher probability (see `ropelab.distill.loss`). A teacher with fewer
+rows beyond them receive zero teacher probability (see `ropelab.train.loss`). A teacher with fewer
 rows than the tokenizer, or another tokenizer, is refused.
 
 Document mask. Given document ids, a ropelab teacher uses its own attention backends. An HF teacher
@@ -35,36 +34,26 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ropelab import hub
+from ropelab import sources
+from ropelab.attention import Documents
 from ropelab.config import ConfigError, RunConfig
-from ropelab.data.tokenizer import HFTokenizer, Tokenizer, load_hf_tokenizer, load_tokenizer
-from ropelab.distill.loss import TeacherHidden
+from ropelab.data.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from ropelab.sources import Source, hf_models
+from ropelab.train.loss import TeacherHidden
 
-_HF_MARKERS = ("config.json",)
 # Attributes of HF configs whose models transform the logits after the output head.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
 class TeacherInfo:
-    kind: str  # "ropelab" | "hf"
-    source: str  # resolved folder, or the hub name
+    source: Source  # a ropelab run or checkpoint (GGUF files are imported), or a model transformers runs
     rows: int  # the teacher's output rows (embedding size, padding included)
     vocab: int  # ids of the shared tokenizer: the teacher logits KD uses
 
 
-def _is_ropelab(path: Path) -> bool:
-    """A run (or imported) folder, or one of its checkpoints/step_N folders."""
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path
-    return (run_dir / "config.yaml").is_file()
-
-
 def _teacher_error(teacher: str, why: str) -> ConfigError:
     return ConfigError(f"distill.teacher={teacher!r}: {why}")
-
-
-def _hf_text_config(hf_config):
-    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
 
 def _same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
@@ -80,44 +69,22 @@ def _student_tokenizer(config: RunConfig) -> Tokenizer:
     return load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
 
 
-def _locate(config: RunConfig) -> tuple[str, str, int, Tokenizer]:
-    """(kind, source, output rows, tokenizer) of the teacher, without loading weights."""
-    from ropelab.evaluate.interchange import _is_local, resolve_checkpoint
-    from ropelab.train.checkpoint import weights_vocab
-
+def _locate(config: RunConfig) -> tuple[Source, int, Tokenizer]:
+    """(source, output rows, tokenizer) of the teacher, without loading weights."""
     name = config.distill.teacher
-    path = Path(name).expanduser()
-    if path.exists() and _is_ropelab(path):
-        from ropelab.train.loop import load_run_config
-
-        run_dir, folder = resolve_checkpoint(path)
-        teacher_config = load_run_config(run_dir)
-        rows = teacher_config.model.vocab_size or weights_vocab(folder)
-        d = teacher_config.data
-        return "ropelab", str(folder), rows, load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
-    if _is_local(name) and not (path.is_dir() and any((path / m).is_file() for m in _HF_MARKERS)):
-        why = "not a Hugging Face model folder (no config.json)" if path.is_dir() else "no such folder"
-        raise _teacher_error(name, f"{why}; expected a ropelab run or checkpoint, an HF model folder, or a hub name "
-                                   "like org/model")
-    source = str(path) if _is_local(name) else name
-    if not _is_local(name):
-        hub.offline_unless_reachable()  # hub names then resolve from the local cache, at once
     try:
-        from transformers import AutoConfig
-
-        rows = _hf_text_config(AutoConfig.from_pretrained(source)).vocab_size
-    except Exception as exc:  # noqa: BLE001 - missing repo, offline, bad folder: one line
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise _teacher_error(name, f"could not load its config ({type(exc).__name__}: {first})") from None
-    has_files = not path.is_dir() or any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
-    if not has_files:
-        raise _teacher_error(name, "has no tokenizer files, so it cannot be checked against the student's; "
-                                   "use the ropelab run it came from as the teacher, or save its tokenizer there")
-    try:
-        tokenizer = load_hf_tokenizer(source)
+        source = sources.resolve(name)
+        if source.kind != "hf":  # a ropelab run or checkpoint, or a GGUF file (imported into the cache)
+            teacher_config, source = sources.load_config(source)
+            d = teacher_config.data
+            return source, teacher_config.model.vocab_size, load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
+        rows = hf_models.hf_text_config(source).vocab_size
+        if not hf_models.has_tokenizer_files(source):
+            raise ConfigError("has no tokenizer files, so it cannot be checked against the student's; "
+                              "use the ropelab run it came from as the teacher, or save its tokenizer there")
+        return source, rows, hf_models.hf_tokenizer(source)
     except ConfigError as exc:
-        raise _teacher_error(name, f"its tokenizer: {exc}") from None
-    return "hf", source, rows, tokenizer
+        raise _teacher_error(name, str(exc).removeprefix(f"{Path(name).expanduser()}: ")) from None
 
 
 def check_teacher(config: RunConfig) -> TeacherInfo:
@@ -126,7 +93,7 @@ def check_teacher(config: RunConfig) -> TeacherInfo:
     distill = config.distill
     if distill is None or not distill.teacher:
         raise ConfigError("distill.teacher: not set (a Hugging Face model name or folder, or a ropelab run)")
-    kind, source, rows, tokenizer = _locate(config)
+    source, rows, tokenizer = _locate(config)
     student = _student_tokenizer(config)
     if not _same_tokenizer(tokenizer, student):
         raise _teacher_error(distill.teacher, (
@@ -137,7 +104,7 @@ def check_teacher(config: RunConfig) -> TeacherInfo:
             f"its output has {rows} rows but the tokenizer has {student.vocab_size} tokens; not a model of this tokenizer"))
     if distill.top_k is not None and distill.top_k > student.vocab_size:
         raise ConfigError(f"distill.top_k={distill.top_k}: larger than the vocabulary ({student.vocab_size} tokens)")
-    return TeacherInfo(kind, source, rows, student.vocab_size)
+    return TeacherInfo(source, rows, student.vocab_size)
 
 
 class Teacher:
@@ -186,8 +153,6 @@ def per_document(run: Callable, input_ids: torch.Tensor, position_ids: torch.Ten
     """`run(input_ids, position_ids) -> (n, L, C)` applied to every document of a packed (B, T) batch
     separately: documents sorted by length, the longest first, batched up to `max_tokens` padded
     tokens (at least one document), right-padded with their last token and position. -> (B, T, C)."""
-    from ropelab.attention import Documents
-
     B, T = input_ids.shape
     starts, lengths = Documents(doc_ids).segments()
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
@@ -210,9 +175,7 @@ def per_document(run: Callable, input_ids: torch.Tensor, position_ids: torch.Ten
 
 
 def _load_ropelab(info: TeacherInfo, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Callable, nn.Linear]:
-    from ropelab.evaluate.interchange import load_model
-
-    model, config = load_model(info.source)
+    model, _, config = sources.load(info.source)
     model = model.to(device=device, dtype=dtype).requires_grad_(False)
     model.set_attention_backend(config.attention.backend)
     return model, model.hidden_states, model.lm_head
@@ -220,16 +183,11 @@ def _load_ropelab(info: TeacherInfo, device: torch.device, dtype: torch.dtype) -
 
 def _load_hf(info: TeacherInfo, device: torch.device, dtype: torch.dtype, name: str,
              max_tokens: int) -> tuple[nn.Module, Callable, nn.Linear]:
-    import transformers
-    from packaging.version import Version
-
-    dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(info.source, **{dtype_key: dtype})
-    except Exception as exc:  # noqa: BLE001 - one line for the user
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise _teacher_error(name, f"could not load a causal LM ({type(exc).__name__}: {first})") from None
-    text_config = _hf_text_config(model.config)
+        model = hf_models.load_hf_model(info.source, dtype)
+    except ConfigError as exc:
+        raise _teacher_error(name, str(exc)) from None
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     for attr in _LOGIT_TRANSFORMS:
         if getattr(text_config, attr, None) not in (None, 1, 1.0):
             raise _teacher_error(name, f"{type(model).__name__} transforms its logits after the head ({attr}); "
@@ -267,7 +225,7 @@ def load_teacher(config: RunConfig, device: str | torch.device = "cpu") -> Teach
     info = check_teacher(config)
     device = _teacher_device(distill.teacher_device, device)
     dtype = teacher_dtype(distill.teacher_precision, device)
-    if info.kind == "ropelab":
+    if info.source.is_ropelab:
         module, hidden_fn, head = _load_ropelab(info, device, dtype)
     else:
         module, hidden_fn, head = _load_hf(info, device, dtype, distill.teacher, distill.teacher_tokens)

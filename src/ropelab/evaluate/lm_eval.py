@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ropelab import sources
 from ropelab.config import ConfigError
 from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
     PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
@@ -125,16 +126,13 @@ class RopelabLM(TemplateLM):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        from ropelab.data.tokenizer import load_tokenizer
-        from ropelab.evaluate.interchange import load_model, resolve_checkpoint
-
         if kwargs:
             log.warning("ropelab: ignoring unknown model_args %s", ", ".join(sorted(kwargs)))
         self.pretrained = str(pretrained)
-        model, config = load_model(self.pretrained)
-        self.checkpoint = str(resolve_checkpoint(self.pretrained)[1])
+        source = sources.resolve(self.pretrained)
+        model, self.rope_tokenizer, config = sources.load(source)
+        self.checkpoint = str(source.checkpoint or source.location)
         data = config.data
-        self.rope_tokenizer = load_tokenizer(data.tokenizer, data.corpus, data.val_percent)
         if self.rope_tokenizer.vocab_size > config.model.vocab_size:
             raise ConfigError(
                 f"{pretrained}: tokenizer {data.tokenizer!r} has {self.rope_tokenizer.vocab_size} tokens, "
@@ -356,12 +354,10 @@ def evaluate_lm(
     LAMBADA task, lambada_ppl_vs_fraction.png into `out_dir`. Returns the results.json content."""
     from lm_eval import simple_evaluate
 
-    from ropelab.evaluate.interchange import resolve_checkpoint
-
     if not runs:
         raise ConfigError("no run given")
     for run in runs:
-        resolve_checkpoint(run)  # ConfigError for a wrong path, before anything slow
+        sources.resolve(run)  # ConfigError for a wrong path, before anything slow
     names = resolve_tasks(tasks)
     if limit is not None and limit <= 0:
         raise ConfigError(f"--limit {limit}: must be > 0")

@@ -40,8 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ropelab import sources
 from ropelab.attention import attend
 from ropelab.config import ConfigError
+from ropelab.data.pipeline import open_token_folder, token_folder
+from ropelab.data.tokenizer import load_tokenizer
+from ropelab.data.tokens import open_split
+from ropelab.evaluate.lm_eval_report import run_labels
+from ropelab.evaluate.longctx_report import check_out_dir, write_reports
 from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
@@ -243,12 +249,7 @@ def _device(name: Optional[str]) -> torch.device:
 
 def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -> _Run:
     """Everything about one run that can be checked without its weights; ConfigError on any problem."""
-    from ropelab.data.pipeline import open_token_folder, token_folder
-    from ropelab.data.tokenizer import load_tokenizer
-    from ropelab.data.tokens import open_split
-    from ropelab.evaluate.interchange import checkpoint_config
-
-    config, _ = checkpoint_config(run)  # of the checkpoint's phase: its theta and training length
+    config, _ = sources.load_config(run)  # of the checkpoint's phase: its theta and training length
     data = config.data
     key = (data.tokenizer, data.corpus, data.val_percent)
     if key not in cache:
@@ -291,14 +292,12 @@ def _progress(enabled: bool):
 
 
 def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device, progress, task_id) -> dict:
-    from ropelab.evaluate.interchange import load_model, resolve_checkpoint
-
     started = time.time()
-    model, _ = load_model(run.path)
-    model = model.to(device)
+    source = sources.resolve(run.path)
+    model = sources.load(source).model.to(device)
     tokenizer, config = run.tokenizer, run.config
     entry: dict[str, Any] = {
-        "label": run.label, "run": run.path, "checkpoint": str(resolve_checkpoint(run.path)[1]),
+        "label": run.label, "run": run.path, "checkpoint": str(source.checkpoint or source.location),
         "rope_theta": config.model.rope.theta, "rotary_dims": model.ropes[0].rotary_dims,
         "head_dim": config.model.head_size, "train_seq_len": config.data.seq_len,
         "max_seq_len": config.model.max_seq_len, "tokenizer": config.data.tokenizer, "tasks": {},
@@ -344,9 +343,6 @@ def evaluate_longctx(
     checkpoint or imported folder). `options` override fields of `settings` (`LongContextSettings`).
     Writes longctx.json, longctx.md, longctx_heatmap.png and loss_by_position.png into `out_dir` and
     returns the longctx.json content."""
-    from ropelab.evaluate.lm_eval_report import run_labels
-    from ropelab.evaluate.longctx_report import check_out_dir, write_reports
-
     settings = make_settings(settings, **options)
     if not run_dirs:
         raise ConfigError("no run given")

@@ -28,13 +28,13 @@ from typing import Any, Iterator
 import torch
 
 from ropelab.config import ConfigError
-from ropelab.data.tokenizer import load_tokenizer
+from ropelab.sources import load
 from ropelab.probe import plots, report
 from ropelab.probe.analysis import analyse_captures, compare, split_name
 from ropelab.probe.capture import SafetensorsStream, capture
 from ropelab.probe.channels import layer_rope
 from ropelab.probe.config import ProbeConfig
-from ropelab.probe.models import checkpoint_labels, load_probe_model
+from ropelab.probe.models import checkpoint_labels
 from ropelab.probe.sequence import ProbeInput, probe_input_for, write_input
 from ropelab.probe.weights import weight_changes
 from ropelab.study.report import json_safe
@@ -136,8 +136,7 @@ def _probe_all(checkpoints: list[str], labels: list[str], folder: Path, config: 
     results, reference = {}, None
     for label, source in zip(labels, checkpoints):
         progress.update(task, description=f"{label}: loading")
-        model, run_config = load_probe_model(source)
-        tokenizer = load_tokenizer(run_config.data.tokenizer, run_config.data.corpus, run_config.data.val_percent)
+        model, tokenizer, run_config = load(source)
         if reference is None:
             reference = tokenizer
             probe = probe_input_for(run_config, tokenizer, config.block_len, config.repeats, config.text_file)
@@ -184,8 +183,7 @@ def _line_series(metrics_by_label: dict[str, dict], positions: list[int]) -> dic
 
 
 def _weights_files(folder: Path, stem: str, sources: tuple[str, str], labels: tuple[str, str], top: int) -> dict:
-    a, _ = load_probe_model(sources[0])
-    b, _ = load_probe_model(sources[1])
+    a, b = (load(source).model for source in sources)
     changes = weight_changes(a, b, top)
     write_json(folder / f"{stem}.json", {"checkpoints": dict(zip(labels, sources))} | changes)
     (folder / f"{stem}.png").write_bytes(plots.plot_weight_heatmap(changes, f"{labels[0]} → {labels[1]}"))

@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 from ropelab.config import ConfigError, RunConfig
+from ropelab.data.sources import corpus_documents
 from ropelab.data.tokenizer import Tokenizer
+from ropelab.data.tokens import open_split
 
 
 @dataclass
@@ -101,8 +103,6 @@ def text_file_content(path: str | Path, tokenizer: Tokenizer) -> list[int]:
 
 def _folder_documents(folder: Path) -> Iterator[list[int]]:
     """Token ids of every validation document of a prepared token folder, shard by shard."""
-    from ropelab.data.tokens import open_split
-
     for shard in open_split(folder, "validation").shards:
         offsets = shard.doc_offsets
         for d in range(len(offsets) - 1):
@@ -115,8 +115,6 @@ def validation_content(config: RunConfig, tokenizer: Tokenizer, need: int) -> tu
     data = config.data
     specials = _specials(tokenizer)
     if data.corpus == "stdlib":
-        from ropelab.data.sources import corpus_documents
-
         documents = (tokenizer.encode_batch([text])[0] for text in corpus_documents(data.corpus, "validation", data.val_percent))
     else:
         documents = _folder_documents(Path(data.corpus))

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ropelab.config import ModelConfig
-from ropelab.rope import resolve_rotary_dims, table_cache_bytes
+from ropelab.config import resolve_rotary_dims
+from ropelab.rope import table_cache_bytes
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEFAULT_SEQ_LENS = [2**k for k in range(11, 24, 1)] + [10_000_000]

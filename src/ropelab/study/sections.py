@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ropelab.evaluate.longctx import evaluate_longctx
+
 LONGCTX_DIR = "longctx"
 
 
@@ -75,8 +77,6 @@ def report_sections(study_dir: str | Path) -> list[Section]:
 def evaluate_study_longctx(study_dir: str | Path, options: dict, run_ids: list[str], progress: bool = True) -> dict | None:
     """Long-context evaluation of the study's finished runs into ``study_dir/longctx`` (once: an
     existing evaluation is kept; rerun `ropelab eval longctx` into another folder to redo it)."""
-    from ropelab.evaluate.longctx import evaluate_longctx
-
     study_dir = Path(study_dir)
     out = study_dir / LONGCTX_DIR
     if (out / "longctx.json").is_file() or not run_ids:

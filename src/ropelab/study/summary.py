@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import yaml
 
-from ropelab.config import DataConfig, ModelConfig, TrainConfig, build_run_config
+from ropelab.config import DataConfig, ModelConfig, TrainConfig, build_run_config, resolve_rotary_dims
 from ropelab.study import analysis
 
 __all__ = [
@@ -211,8 +211,6 @@ def _finite(x: Any) -> Optional[float]:
 
 
 def _run_facts(cfg: dict) -> dict:
-    from ropelab.rope import resolve_rotary_dims
-
     d_model = int(_get(cfg, "model.d_model", _MODEL.d_model))
     n_head = int(_get(cfg, "model.n_head", _MODEL.n_head))
     head_dim = int(_get(cfg, "model.head_dim", None) or d_model // n_head)

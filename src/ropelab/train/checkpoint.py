@@ -7,14 +7,23 @@ A checkpoint is a folder ``checkpoints/step_<N>/``:
                        with `train.full_weights=boundaries` only at phase ends and the last step
                        (`load_weights` reads the model part of dcp/ where it is absent)
   state.pt             step, phase, data position, world size and global batch (rank 0)
-  rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states
+  rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states, as tensors and lists
   PHASE                (phase-boundary checkpoints only) the phase's name; never pruned
-  COMPLETE             written last
+  CHECKSUMS.json       size and checksum of every file above (`ropelab.train.integrity`)
+  COMPLETE             written last; names CHECKSUMS.json with its CRC-32
 Every rank writes into ``.tmp_step_<N>`` first; rank 0 adds the marker and renames the folder
 into place only after all ranks have finished, so a crash mid-write leaves a temporary folder
 that is never loaded (and is cleared on the next save). The last ``keep`` checkpoints are kept,
-plus every phase-boundary checkpoint (`phase_checkpoints` finds them, e.g. for probing).
+plus every phase-boundary checkpoint (`phase_checkpoints` finds them, e.g. for probing), the
+`protect`ed ones the trainer names, and the newest one whose files have their recorded sizes.
 On a multi-node job the run directory must be on a file system every node sees.
+
+Trust. `read_state`, `load_checkpoint`, `load_weights` and `weights_vocab` verify the files they
+read against the manifest first (`verify="always"`: sizes and checksums; "sizes": sizes only;
+"never"), so a bit flip or a truncated file is one line, `DamagedCheckpoint`, naming the
+checkpoint and the file, before any parser sees it. `latest_intact_checkpoint` finds the newest
+checkpoint that verifies, and the damaged newer ones. Checkpoints written before manifests load
+unverified. Nothing loaded runs code: tensors and plain data only (`ropelab.train.safe_pickle`).
 """
 
 from __future__ import annotations
@@ -24,16 +33,19 @@ import random
 import shutil
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from ropelab.config import ConfigError
+from ropelab.errors import one_line
+from ropelab.train import integrity
 from ropelab.train.distributed import DistEnv
+from ropelab.train.integrity import MANIFEST, MARKER, DamagedCheckpoint, verify_checkpoint  # noqa: F401 (re-exported)
+from ropelab.train.safe_pickle import UnsafeCheckpoint, dcp_load, load_plain, read_dcp_metadata  # noqa: F401
 
-MARKER = "COMPLETE"
 PHASE_MARKER = "PHASE"
 _SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 
@@ -66,18 +78,44 @@ def phase_checkpoints(run_dir: Path) -> dict[str, Path]:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This process's RNG states as tensors, numbers and strings (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore `rng_state()` (or the numpy-array form of checkpoints written before it)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    numpy, python = state["numpy"], state["python"]
+    if isinstance(numpy, dict):
+        numpy = (numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                 numpy["cached_gaussian"])
+    np.random.set_state(numpy)
+    if isinstance(python, dict):
+        python = (python["version"], tuple(python["state"].tolist()), python["gauss_next"])
+    random.setstate((python[0], tuple(python[1]), python[2]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(value, where: str = "extra"):
+    """`value` with numpy scalars as Python numbers; TypeError for anything weights_only cannot load."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or type(value) in (bool, int, float, str, bytes) or isinstance(value, torch.Tensor):
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, dict):
+        return {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise TypeError(f"checkpoint state {where}: a {type(value).__name__}; only tensors and plain data are saved")
 
 
 def _tied_aliases(model: torch.nn.Module) -> set[str]:
@@ -107,13 +145,15 @@ def has_weights(folder: Path) -> bool:
     return (Path(folder) / WEIGHTS).is_file() or (Path(folder) / "dcp" / ".metadata").is_file()
 
 
-def load_weights(model: torch.nn.Module, folder: Path) -> None:
+def load_weights(model: torch.nn.Module, folder: Path, verify: str = "always") -> None:
     """A checkpoint's (or imported folder's) weights into `model` in this process: model.safetensors
     when it was written, else the model part of the sharded dcp/ state, gathered."""
     folder = Path(folder)
     if (folder / WEIGHTS).is_file():
+        verify_checkpoint(folder, verify, files=[WEIGHTS])
         load_model_state(model, folder / WEIGHTS)
     elif has_weights(folder):
+        verify_checkpoint(folder, verify, files=["dcp/*"])
         _load_model_shards(model, folder)
     else:
         raise ConfigError(f"{folder}: no {WEIGHTS} and no dcp/ checkpoint")
@@ -121,11 +161,7 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
 
 def _load_shards(path: Path, state: dict) -> None:
     """Fill `state` ({"model": ...} and optionally {"optim": ...}) from dcp/, resharded to this world."""
-    import torch.distributed.checkpoint as dcp
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
-        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
+    dcp_load(state, Path(path) / "dcp")
 
 
 def _load_model_shards(model: torch.nn.Module, path: Path) -> None:
@@ -134,21 +170,27 @@ def _load_model_shards(model: torch.nn.Module, path: Path) -> None:
     model.load_state_dict(state["model"])
 
 
-def weights_vocab(folder: Path) -> int:
+def weights_vocab(folder: Path, verify: str = "always") -> int:
     """Rows of the token embedding stored in a checkpoint folder."""
     folder = Path(folder)
     if (folder / WEIGHTS).is_file():
         from safetensors import safe_open
 
-        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-            return int(f.get_slice("embed.weight").get_shape()[0])
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return int(FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata["model.embed.weight"].size[0])
+        verify_checkpoint(folder, verify, files=[WEIGHTS])
+        try:
+            with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+                return int(f.get_slice("embed.weight").get_shape()[0])
+        except Exception as exc:
+            raise DamagedCheckpoint(folder, WEIGHTS, f"unreadable ({one_line(exc)})") from None
+    verify_checkpoint(folder, verify, files=["dcp/.metadata"])
+    return int(read_dcp_metadata(folder / "dcp").state_dict_metadata["model.embed.weight"].size[0])
 
 
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
-    state = load_file(str(path))
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # caught by the checksum first when the checkpoint has one
+        raise DamagedCheckpoint(Path(path).parent, Path(path).name, f"unreadable ({one_line(exc)})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_embeddings", False) else set()
     if set(missing) - tied or unexpected:
@@ -171,14 +213,18 @@ def clear_partial(run_dir: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int,
-                    env: Optional[DistEnv] = None, phase_end: Optional[str] = None, full_weights: bool = True) -> Path:
+                    env: Optional[DistEnv] = None, phase_end: Optional[str] = None, full_weights: bool = True,
+                    protect: Iterable[Path] = ()) -> Path:
     """Collective: every rank calls it with its own (possibly sharded) model and optimizer.
     `phase_end` names the phase this checkpoint completes (kept for good); `full_weights` adds
-    model.safetensors (under FSDP a gather of every weight onto rank 0)."""
+    model.safetensors (under FSDP a gather of every weight onto rank 0); `protect` names checkpoints
+    pruning must keep (the trainer's last known-good one). `extra` is plain data (numbers, strings,
+    lists, dicts, tensors)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     env = env or DistEnv()
+    extra = _plain(dict(extra))
     root = checkpoint_dir(run_dir)
     final = step_dir(run_dir, step)
     tmp = root / f".tmp_step_{step:08d}"
@@ -198,34 +244,95 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
         save_file(_dedup_tied(weights, model), str(tmp / WEIGHTS))
     if env.is_main:
         torch.save({"step": step, "world": env.world, **extra}, tmp / "state.pt")
-    env.barrier()
+    known = _gather_checksums(tmp, env)  # also the barrier: every rank's files are on disk
     if env.is_main:
         if phase_end is not None:
             (tmp / PHASE_MARKER).write_text(phase_end)
-        (tmp / MARKER).write_text(str(step))
+        manifest_line = integrity.write_manifest(tmp, known)
+        (tmp / MARKER).write_text(f"{step}\n{manifest_line}\n")
         if final.exists():  # the same step written again after a resume
             shutil.rmtree(final)
         os.replace(tmp, final)
-        for old in list_checkpoints(run_dir)[:-keep]:
-            if not (old / PHASE_MARKER).is_file():
-                shutil.rmtree(old, ignore_errors=True)
+        prune(run_dir, keep, protect)
     env.barrier()
     return final
 
 
-def read_state(path: Path) -> dict:
+def _gather_checksums(tmp: Path, env: DistEnv) -> dict[str, dict]:
+    """On rank 0, the manifest entries of the files each rank wrote itself (its rng file and dcp
+    shards), checksummed by that rank; {} elsewhere."""
+    own = [f"rng_rank{env.rank}.pt", *(f"dcp/{p.name}" for p in sorted((tmp / "dcp").glob(f"__{env.rank}_*")))]
+    mine = integrity.entries(tmp, own)
+    if not env.active:
+        return mine
+    import torch.distributed as dist
+
+    gathered = [None] * env.world if env.is_main else None
+    dist.gather_object(mine, gathered, dst=0)
+    return {name: entry for part in gathered or [] for name, entry in part.items()}
+
+
+def prune(run_dir: Path, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
+    """Delete complete checkpoints older than the last `keep`, except phase-boundary ones, those in
+    `protect`, and the newest one whose files all have their recorded sizes (a stat, no read:
+    checksums are checked when a checkpoint is loaded). Returns the deleted folders."""
+    found = list_checkpoints(run_dir)
+    if keep < 1 or len(found) <= keep:
+        return []
+    kept = {p.resolve() for p in protect} | {p.resolve() for p in found[-keep:]}
+    for folder in reversed(found):
+        try:
+            verify_checkpoint(folder, "sizes")
+        except DamagedCheckpoint:
+            continue
+        pass
+        break
+    deleted = [old for old in found if old.resolve() not in kept and not (old / PHASE_MARKER).is_file()]
+    for old in deleted:
+        shutil.rmtree(old, ignore_errors=True)
+    return deleted
+
+
+def latest_intact_checkpoint(run_dir: Path, mode: str = "always",
+                             env: Optional[DistEnv] = None) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    """(the newest complete checkpoint that verifies, or None; [(damaged newer checkpoint, "file:
+    reason")], newest first). Checkpoints without a manifest count as intact. Collective with an
+    active `env` (rank 0's listing is used by all). After it, load with verify="sizes"."""
+    env = env or DistEnv()
+    found = env.broadcast_object(list_checkpoints(run_dir) if env.is_main else None)
+    damaged = []
+    for folder in reversed(found):
+        try:
+            verify_checkpoint(folder, mode, env=env)
+        except DamagedCheckpoint as exc:
+            damaged.append((folder, exc.detail))
+            continue
+        return folder, damaged
+    return None, damaged
+
+
+def read_state(path: Path, verify: str = "always") -> dict:
     """A complete checkpoint's bookkeeping (step, data position, world size, global batch)."""
     if not (Path(path) / MARKER).is_file():
         raise ConfigError(f"{path}: incomplete checkpoint (no {MARKER} marker); refusing to load it")
-    return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+    verify_checkpoint(path, verify, files=["state.pt"])
+    state = load_plain(Path(path) / "state.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise DamagedCheckpoint(Path(path), "state.pt", "unreadable (no step in it)")
+    return state
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Optional[DistEnv] = None) -> dict:
-    """Collective: restore model and optimizer (resharded to this world size) and this rank's RNG."""
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Optional[DistEnv] = None,
+                    verify: str = "always") -> dict:
+    """Collective: restore model and optimizer (resharded to this world size) and this rank's RNG,
+    after verifying (collectively) the files that takes."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     env = env or DistEnv()
-    state = read_state(path)
+    if not (Path(path) / MARKER).is_file():
+        raise ConfigError(f"{path}: incomplete checkpoint (no {MARKER} marker); refusing to load it")
+    verify_checkpoint(path, verify, files=["state.pt", "dcp/*", "rng_rank*.pt"], env=env)
+    state = read_state(path, verify="never")
     if optimizer is None:
         _load_model_shards(model, path)
     else:
@@ -235,5 +342,5 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Opt
         set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
     rng_file = Path(path) / f"rng_rank{env.rank}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
-        set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
+        set_rng_state(load_plain(rng_file, legacy_numpy=True))
     return state

@@ -78,7 +78,7 @@ def init_distributed(device_name: str) -> tuple[DistEnv, torch.device]:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     env = DistEnv(rank, world, local_rank)
-    device = _resolve_device(device_name, local_rank if world > 1 else None)
+    device = resolve_device(device_name, local_rank if world > 1 else None)
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -86,7 +86,7 @@ def init_distributed(device_name: str) -> tuple[DistEnv, torch.device]:
     return env, device
 
 
-def _resolve_device(name: str, local_rank: int | None) -> torch.device:
+def resolve_device(name: str, local_rank: int | None) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -2,16 +2,13 @@
 bf16 autocast, phases, periodic validation, crash-safe checkpoints, exact resume, and
 non-finite / spiking steps skipped before they touch the weights.
 
-A run directory holds:
-  config.yaml      the resolved configuration (what --resume uses)
-  metrics.jsonl    one JSON row per logged step (rank 0); see `ropelab.train.metrics`
-  checkpoints/     see `ropelab.train.checkpoint`
-  result.json      written when the run finishes ("steps", final losses, per-phase validation)
+What a run directory holds is `ropelab.sources.runs`. The loss is an objective
+(`ropelab.train.objectives`): cross-entropy, or one a feature registered for its config section
+(distillation); anything else outside the loop plugs in as a callback.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import statistics
@@ -23,30 +20,29 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import yaml
 
-from ropelab.config import ConfigError, RunConfig, build_run_config
+from ropelab.config import ConfigError, RunConfig
 from ropelab.data.loader import Batch, PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
-from ropelab.distill.objective import build_objective
 from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype, mixed_precision
+from ropelab.sources.init import check_init, initial_weights
+from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
 )
 from ropelab.train.metrics import MetricsLog, read_metrics
+from ropelab.train.objectives import Objective, build_objective
 from ropelab.train.optim import build_optimizer, lr_at, set_lr
 from ropelab.train.phases import Phase, phase_at, resolve_phases
 from ropelab.train.throughput import Throughput
 
 Callback = Callable[[dict], None]
-# objective(model, batch) -> (loss to backpropagate, floats to log); the model is the wrapped one
-Objective = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict]]
 
-__all__ = ["train", "TrainResult", "TrainingDiverged", "evaluate_loss", "load_run_config", "read_metrics"]
+__all__ = ["train", "TrainResult", "TrainingDiverged", "evaluate_loss", "read_metrics"]
 
 
 @dataclass
@@ -60,6 +56,7 @@ class TrainResult:
     tokens_per_s: float
     skipped_steps: int = 0
     phases: list = field(default_factory=list)  # [{"name", "end_step", "val_loss"}]
+    init_from: Optional[dict] = None  # where the step-0 weights came from (`train.init_from`)
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -100,13 +97,6 @@ def evaluate_loss(model: torch.nn.Module, loader: PackedLoader, config: RunConfi
     model.train()
     total, tokens = env.sum([total, tokens], device)
     return total / tokens
-
-
-def load_run_config(run_dir: Path) -> RunConfig:
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{run_dir}: no config.yaml; not a ropelab run directory")
-    return build_run_config(yaml.safe_load(path.read_text()))
 
 
 def _progress(enabled: bool):
@@ -202,7 +192,7 @@ def train(
     the loss (default: cross-entropy, or distillation when the config has a `distill` section)."""
     run_dir = Path(out_dir)
     if resume:
-        config = load_run_config(run_dir)
+        config = read_run_config(run_dir)
     else:
         config = (config or RunConfig()).validate()
     env, device = init_distributed(config.train.device)
@@ -215,7 +205,7 @@ def train(
 
 
 def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device) -> TrainResult:
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / CONFIG
     tc = config.train
     if tc.data_parallel is not None and tc.data_parallel != env.world and not resume:
         raise ConfigError(
@@ -224,8 +214,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         )
     start_step, latest = 0, None
     if resume:
-        if (run_dir / "result.json").is_file():
-            result = json.loads((run_dir / "result.json").read_text())
+        result = read_result(run_dir)
+        if result is not None:
             if env.is_main:
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
@@ -234,6 +224,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             raise ConfigError(f"{run_dir}: no complete checkpoint to resume from")
     elif config_path.exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    if tc.init_from and latest is None:
+        check_init(config)
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
 
     phases = resolve_phases(config, env.world)
@@ -259,7 +251,12 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         ckpt.clear_partial(run_dir)
 
     torch.manual_seed(config.seed)
-    model = Transformer(config.model).to(device)
+    model = Transformer(config.model)
+    init_record = None
+    if tc.init_from and latest is None:
+        weights, init_record = initial_weights(config)
+        model.load_state_dict(weights)
+    model = model.to(device)
     wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
     optimizer = build_optimizer(wrapped, tc)
     phase_results = []  # {"name", "end_step", "val_loss"} of the phases completed so far
@@ -269,6 +266,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         ckpt.load_checkpoint(latest, wrapped, optimizer, env)
         start_step = state["step"]
         phase_results = state.get("phase_results", [])
+        init_record = state.get("init_from")
     forward = torch.compile(wrapped) if tc.compile else wrapped
     objectives: dict[int, Objective] = {}
     throughputs: dict[int, Throughput] = {}
@@ -283,12 +281,12 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         return throughputs[phase.index]
 
     def objective_for(phase: Phase) -> Objective:
-        """Cross-entropy, or KD when the run has a `distill` section (one teacher for all phases)."""
+        """The run's objective for this phase; a phase may reuse what the previous one loaded (a teacher)."""
         if objective is not None:
             return objective
         if phase.index not in objectives:
-            teacher = next((o.source for o in objectives.values()), None)
-            objectives[phase.index] = build_objective(phase.config, device, source=teacher)
+            previous = objectives.get(phase.index - 1)
+            objectives[phase.index] = build_objective(phase.config, device, previous)
         return objectives[phase.index]
 
     metrics = MetricsLog(run_dir, resume_step=start_step, tensorboard=tc.tensorboard) if env.is_main else None
@@ -300,7 +298,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
 
     def save(at_step: int, phase: Phase) -> None:
         extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
-                 "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results}
+                 "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results,
+                 "init_from": init_record}
         phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
         every = tc.full_weights == "every" or (tc.full_weights == "auto" and tc.parallel != "fsdp")
         ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end,
@@ -393,10 +392,10 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         run_dir=run_dir, steps=step, final_train_loss=last_loss, final_val_loss=last_val,
         tokens=_tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
         tokens_per_s=trained_tokens / compute_time if compute_time else float("nan"),
-        skipped_steps=guard.skipped, phases=phase_results,
+        skipped_steps=guard.skipped, phases=phase_results, init_from=init_record,
     )
     if env.is_main:
-        (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+        write_result(run_dir, result.to_dict())
     return result
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from ropelab.distill.loss import TeacherHidden, TeacherTopK, kd_loss, teacher_topk
+from ropelab.train.loss import TeacherHidden, TeacherTopK, kd_loss, teacher_topk
 
 TOL = 1e-5
 

@@ -12,7 +12,9 @@ transformers = pytest.importorskip("transformers")
 from ropelab.cli import main  # noqa: E402
 from ropelab.config import ConfigError, build_run_config  # noqa: E402
 from ropelab.data.tokenizer import load_tokenizer  # noqa: E402
-from ropelab.evaluate.interchange import export_hf, import_hf, load_model, save_weights_only  # noqa: E402
+from ropelab.export.hf import export_hf  # noqa: E402
+from ropelab.sources import import_model as import_hf, load  # noqa: E402
+from ropelab.sources.imported import save_weights_only  # noqa: E402
 from ropelab.model import Transformer  # noqa: E402
 
 TOL = 1e-4
@@ -67,7 +69,7 @@ def test_export_loads_natively_with_same_logits(run, exported):
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= set(info["files"])
     assert not list(out.glob("*.py")) and "auto_map" not in json.loads((out / "config.json").read_text())
 
-    ours, config = load_model(run)
+    ours, _, config = load(run)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(theirs).__name__ == "LlamaForCausalLM" and theirs.dtype == torch.float32
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
@@ -84,8 +86,8 @@ def test_export_loads_natively_with_same_logits(run, exported):
 
 def test_export_checkpoint_folder_and_never_overwrites(run, exported, tmp_path):
     checkpoint = run / "checkpoints" / "step_00000003"
-    model, _ = load_model(checkpoint)
-    assert torch.equal(model.embed.weight, load_model(run)[0].embed.weight)
+    model, _, _ = load(checkpoint)
+    assert torch.equal(model.embed.weight, load(run).model.embed.weight)
     with pytest.raises(ConfigError, match="not empty"):
         export_hf(checkpoint, exported[0])
     (tmp_path / "file.txt").write_text("keep me")
@@ -100,7 +102,7 @@ def test_export_byte_tokenizer_run_skips_tokenizer(tmp_path):
     assert "skipped" in info["tokenizer"] and "tokenizer.json" not in info["files"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert theirs.generation_config.eos_token_id == 256
-    assert _max_diff(load_model(run_dir)[0], theirs, _ids(320)) <= TOL
+    assert _max_diff(load(run_dir).model, theirs, _ids(320)) <= TOL
 
 
 @pytest.mark.parametrize(
@@ -127,7 +129,7 @@ def test_load_model_rejects_other_paths(tmp_path, make):
         path = tmp_path / "run" / "checkpoints" / "step_00000005"
         (path / "COMPLETE").unlink()
     with pytest.raises(ConfigError):
-        load_model(path)
+        load(path)
 
 
 # ------------------------------------------------------------------ import
@@ -152,7 +154,7 @@ def test_import_local_hf_model(tmp_path, case):
     info = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
     assert info["architecture"] == model_class and "bytes" in info["tokenizer"]
     assert (tmp_path / "imported" / "checkpoints" / "step_00000000" / "COMPLETE").is_file()
-    ours, config = load_model(tmp_path / "imported")
+    ours, _, config = load(tmp_path / "imported")
     assert config.data.tokenizer == "bytes" and config.model.vocab_size == 96
     assert _max_diff(ours, theirs, _ids(96)) <= TOL
 
@@ -160,19 +162,19 @@ def test_import_local_hf_model(tmp_path, case):
 def test_export_import_round_trip_keeps_tokenizer(run, exported, tmp_path):
     out, _ = exported
     info = import_hf(str(out), tmp_path / "back")
-    ours, config = load_model(tmp_path / "back")
+    ours, _, config = load(tmp_path / "back")
     assert config.data.tokenizer == str(out.resolve()) and load_tokenizer(config.data.tokenizer).vocab_size == 300
-    original, _ = load_model(run)
+    original, _, _ = load(run)
     for (name, a), (_, b) in zip(original.state_dict().items(), ours.state_dict().items()):
         assert torch.equal(a, b), name
     assert info["params"] == original.num_params()
 
 
 def test_import_refusals(tmp_path, exported):
-    with pytest.raises(ConfigError, match="no such model folder"):
+    with pytest.raises(ConfigError, match="no such file or directory"):
         import_hf(str(tmp_path / "missing"), tmp_path / "out")
     (tmp_path / "not-a-model").mkdir()
-    with pytest.raises(ConfigError, match="could not load") as err:
+    with pytest.raises(ConfigError, match="not a ropelab run directory .* a Hugging Face model folder or a .gguf file") as err:
         import_hf(str(tmp_path / "not-a-model"), tmp_path / "out")
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="not empty"):
@@ -187,7 +189,7 @@ def test_cli_export_and_import(run, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
-    assert "config.yaml" in capsys.readouterr().out and load_model(tmp_path / "back")
+    assert "config.yaml" in capsys.readouterr().out and load(tmp_path / "back")
     assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 2  # never overwrites
     assert main(["import", str(tmp_path / "missing")]) == 2
-    assert "no such model folder" in capsys.readouterr().err
+    assert "no such file or directory" in capsys.readouterr().err

@@ -338,6 +338,11 @@ def to_hf(model: Transformer, attn_implementation: str = "sdpa"):
     return hf_model.to(weight.device).eval()
 
 
+def hf_model_class(model_type: str) -> str:
+    """The transformers class name of an HF `model_type` ropelab converts (see `hf_architecture`)."""
+    return _ARCHS[model_type].model_class
+
+
 def from_hf(hf_model) -> Transformer:
     """A ropelab Transformer computing the same logits as a Llama/Qwen2/Qwen3/GPT-NeoX causal LM."""
     arch = _arch_of(hf_model.config)
@@ -363,4 +368,4 @@ def from_hf(hf_model) -> Transformer:
     return model.to(device=weight.device, dtype=weight.dtype).eval()
 
 
-__all__ = ["to_hf", "from_hf", "hf_config_for", "hf_architecture", "model_config_from_hf"]
+__all__ = ["to_hf", "from_hf", "hf_config_for", "hf_architecture", "hf_model_class", "model_config_from_hf"]

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from ropelab.config import ModelConfig, RopeConfig, build_run_config  # noqa: E402
-from ropelab.evaluate import remote_code  # noqa: E402
-from ropelab.evaluate.interchange import export_hf, load_model, save_hf, save_weights_only  # noqa: E402
+from ropelab.export import remote_code  # noqa: E402
+from ropelab.export.hf import export_hf, save_hf  # noqa: E402
+from ropelab.sources import load  # noqa: E402
+from ropelab.sources.imported import save_weights_only  # noqa: E402
 from ropelab.model import Transformer  # noqa: E402
 
 TOL = 1e-4
@@ -144,7 +146,7 @@ def test_export_hf_run_falls_back_to_remote_code(tmp_path):
     assert "skipped" in info["tokenizer"] and not list(tmp_path.glob(".tmp_*"))
     theirs = _load(tmp_path / "hf")
     assert theirs.generation_config.eos_token_id == 256 and theirs.generation_config.use_cache is False
-    ours = load_model(run_dir)[0]
+    ours = load(run_dir).model
     idx = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (ours(idx)[0] - theirs(input_ids=idx).logits).abs().max().item() <= TOL

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from ropelab import __version__
 from ropelab.model import Transformer
 
 MODELING = "modeling_ropelab"
@@ -255,8 +256,6 @@ def _relative(text: str, name: str) -> str:
 
 def files_for_export() -> dict[str, str]:
     """{file name: text}: modeling_ropelab.py and the ropelab modules it needs, with relative imports."""
-    from ropelab import __version__
-
     whole: dict[str, str] = {}
     partial_names: dict[str, set[str]] = {name: set() for name in _PARTIAL}
     partial: dict[str, str] = {}

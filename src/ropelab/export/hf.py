@@ -1,0 +1,124 @@
+"""Export ropelab models as Hugging Face model folders.
+
+  export_hf(source, out_dir)    `save_hf` of a source's model (`ropelab.sources.load`), with its
+                                tokenizer when tokenizers-backed
+  save_hf(model, out_dir)       `to_hf(model).save_pretrained(out_dir)` (safetensors, no remote code)
+                                when a native class is exactly equivalent, else ropelab's modeling code
+                                shipped in the folder (`remote_code`, trust_remote_code=True); plus
+                                generation_config.json
+
+Both refuse an existing non-empty `out_dir` and build the folder under a temporary name next to it,
+renamed into place when complete (`ropelab.files.new_folder`), so a failure never leaves a
+half-written folder. User mistakes (wrong path, non-empty out_dir) raise a one-line `ConfigError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ropelab.config import ConfigError, RunConfig
+from ropelab.data.tokenizer import ByteTokenizer, Tokenizer
+from ropelab.export import remote_code
+from ropelab.files import new_folder, refuse_existing
+from ropelab.model import Transformer
+from ropelab.sources import load, resolve
+from ropelab.sources.hf import hf_architecture, hf_model_class, to_hf
+from ropelab.sources.runs import checkpoint_step
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("Hugging Face export needs transformers: pip install 'ropelab[hf]'") from None
+    return transformers
+
+
+def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig):
+    """(the run's tokenizer, None) or (the tokenizer, why no tokenizer files are written)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return tokenizer, (
+            "skipped: the byte tokenizer has no tokenizers-backed equivalent "
+            f"(ids 0-255 are UTF-8 bytes; eos={tokenizer.eos_id}, bos={tokenizer.bos_id}, pad={tokenizer.pad_id})"
+        )
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(
+            f"data.tokenizer={config.data.tokenizer!r}: {tokenizer.vocab_size} tokens but the model has only "
+            f"{config.model.vocab_size}; not the run's tokenizer"
+        )
+    return tokenizer, None
+
+
+def _hf_tokenizer(tokenizer, max_len: int):
+    from tokenizers import Tokenizer as RustTokenizer
+
+    transformers = _transformers()
+    name = lambda i: None if i is None else tokenizer.tok.id_to_token(i)  # noqa: E731
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=RustTokenizer.from_str(tokenizer.tok.to_str()),  # a copy: the wrapper may edit it
+        eos_token=name(tokenizer.eos_id), bos_token=name(tokenizer.bos_id), pad_token=name(tokenizer.pad_id),
+        model_max_length=max_len,
+    )
+
+
+def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = None, tokenizer=None) -> dict:
+    """Write `model` (its config is `model.config`) as a Hugging Face folder `out_dir`, no run needed.
+
+    Route "native": the exactly equivalent transformers class (`hf_architecture`), no remote code.
+    Route "remote_code" when there is none: ropelab's own modeling code ships in the folder with
+    `auto_map` (see `remote_code`); load it with `trust_remote_code=True`. `token_ids`: bos/eos/pad
+    ids for the configs (ids outside the vocabulary are dropped); `tokenizer`: a transformers
+    tokenizer saved alongside. Returns route, architecture, files, and why (no native class)."""
+    out = refuse_existing(out_dir)
+    transformers = _transformers()
+    try:
+        arch, why = hf_model_class(hf_architecture(model.config)), None
+    except ValueError as exc:
+        arch, why = None, str(exc)
+    hf_model = to_hf(model) if why is None else remote_code.to_remote_hf(model)
+    vocab = model.config.vocab_size
+    ids = {k: v if v is not None and v < vocab else None for k, v in (token_ids or {}).items()}  # no stray ids
+    for key, value in ids.items():
+        setattr(hf_model.config, key, value)
+    generation = transformers.GenerationConfig(**ids, **({} if why is None else {"use_cache": False}))
+    hf_model.generation_config = generation
+    with new_folder(out) as tmp:
+        hf_model.save_pretrained(tmp, safe_serialization=True)
+        if not (tmp / "generation_config.json").is_file():
+            generation.save_pretrained(tmp)
+        if why is not None:
+            remote_code.write_remote_code(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+    info = {"route": "native" if why is None else "remote_code", "architecture": arch or type(hf_model).__name__}
+    return info | {"files": files} | ({} if why is None else {"why": why})
+
+
+def export_hf(source: str | Path, out_dir: str | Path) -> dict:
+    """Write the model of `source` (a run, checkpoint or imported folder, see `ropelab.sources`) as a
+    Hugging Face model folder `out_dir` (see `save_hf`).
+
+    Returns a summary: out_dir, route ("native" | "remote_code"), architecture (HF class), checkpoint,
+    step, files, tokenizer (what was done about it), and why (no native class) for remote code.
+    Raises ConfigError for a non-empty `out_dir`, before loading anything."""
+    out = refuse_existing(out_dir)
+    _transformers()
+    found = resolve(source)
+    model, tokenizer, config = load(found)
+    tokenizer, skipped = _export_tokenizer(tokenizer, config)
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    hf_tokenizer = None if skipped else _hf_tokenizer(tokenizer, config.model.max_seq_len)
+    info = save_hf(model, out, token_ids=ids, tokenizer=hf_tokenizer)
+    return {
+        "out_dir": str(out),
+        "route": info["route"],
+        "architecture": info["architecture"],
+        "checkpoint": str(found.checkpoint) if found.checkpoint else found.location,
+        "step": checkpoint_step(found.checkpoint) if found.checkpoint else 0,
+        "files": info["files"],
+        "tokenizer": skipped or f"saved ({config.data.tokenizer}, {tokenizer.vocab_size} tokens)",
+    } | ({"why": info["why"]} if "why" in info else {})
+
+
+__all__ = ["export_hf", "save_hf"]

@@ -1,0 +1,27 @@
+"""Where a model comes from: the one place that knows runs, checkpoints, imported folders, Hugging
+Face folders and hub names, and GGUF files.
+
+  resolve(name) -> Source            what `name` is (`ropelab.sources.locate`), no weights read
+  load(name) -> (model, tokenizer, config)
+                                     the model in fp32 eval mode on the CPU, the tokenizer its tokens
+                                     come from, and its run configuration (for a checkpoint of a
+                                     multi-phase run, that phase's); also ``ropelab.load``
+  load_config(name) -> (config, Source)
+                                     the configuration alone
+  import_model(name, out_dir)        a ropelab folder from an HF or GGUF model (`ropelab import`)
+
+  run_config(base, preset, overrides) a run config; with `train.init_from`, the source's model
+                                     settings and tokenizer are the defaults (`ropelab.sources.init`)
+
+Submodules: runs (the run-directory layout), locate (kinds of source), loading (load, load_config),
+hf (the weight adapter), hf_models (loading with transformers), gguf (GGUF files and built-in names),
+imported (import folders), init (runs that start from a source's weights).
+"""
+
+from ropelab.sources.imported import import_model
+from ropelab.sources.init import check_init, initial_weights, run_config
+from ropelab.sources.loading import Loaded, cached_import, load, load_config
+from ropelab.sources.locate import Source, resolve
+
+__all__ = ["Loaded", "Source", "resolve", "load", "load_config", "import_model", "cached_import", "run_config",
+           "check_init", "initial_weights"]

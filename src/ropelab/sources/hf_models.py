@@ -1,0 +1,144 @@
+"""Models that transformers loads: Hugging Face folders and hub names, and GGUF files.
+
+  load_hf_model(source, dtype)   the transformers causal LM itself (a teacher may run it natively)
+  hf_text_config(source)         its configuration, without weights
+  convert(source)                -> `Converted`: the ropelab Transformer computing the same logits
+                                 (`ropelab.sources.hf.from_hf`), with the tokenizer it reads
+
+Hub names go through `ropelab.hub`: when the hub is unreachable they resolve from the local cache
+only, so a missing model fails at once instead of retrying. transformers is imported inside the
+functions that need it: it is an optional dependency (``ropelab[hf]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ropelab import hub
+from ropelab.config import ConfigError
+from ropelab.data.tokenizer import HFTokenizer, load_hf_tokenizer
+from ropelab.errors import one_line
+from ropelab.model import Transformer
+from ropelab.sources import gguf
+from ropelab.sources.hf import from_hf
+from ropelab.sources.locate import Source
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class Converted:
+    model: Transformer  # fp32, eval mode, on the CPU
+    architecture: str  # the transformers class it came from
+    tokenizer_spec: str  # data.tokenizer for a run of this model
+    tokenizer_note: str  # what happened to the tokenizer, for the user
+    tokenizer: Optional[HFTokenizer] = None  # GGUF: the tokenizer to save beside the weights
+    transformers_version: str = ""
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("Hugging Face and GGUF models need transformers: pip install 'ropelab[hf]'") from None
+    return transformers
+
+
+def _dtype_key(transformers) -> str:
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def _expect(source: Source, *kinds: str) -> None:
+    if source.kind not in kinds:
+        raise ConfigError(f"{source.name}: a ropelab {source.kind}, not a model transformers loads")
+
+
+def load_hf_model(source: Source, dtype: torch.dtype = torch.float32):
+    """The transformers causal LM of an `hf` or `gguf` source, in eval mode. ConfigError (one line)
+    when it cannot be loaded."""
+    _expect(source, "hf", "gguf")
+    if source.kind == "gguf":
+        return gguf.load_gguf(source.location, dtype)[0]
+    transformers = _transformers()
+    if not Path(source.location).exists():
+        hub.offline_unless_reachable()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(source.location, **{_dtype_key(transformers): dtype})
+    except Exception as exc:  # noqa: BLE001 - offline hub, missing repo, unknown architecture: one line
+        raise ConfigError(f"{source.name}: could not load a causal LM ({one_line(exc, 300)})") from None
+    return model.eval()
+
+
+def hf_text_config(source: Source):
+    """The configuration of an `hf` source's language model (its text part), without weights."""
+    _expect(source, "hf")
+    transformers = _transformers()
+    if not Path(source.location).exists():
+        hub.offline_unless_reachable()
+    try:
+        config = transformers.AutoConfig.from_pretrained(source.location)
+    except Exception as exc:  # noqa: BLE001 - missing repo, offline, bad folder: one line
+        raise ConfigError(f"{source.name}: could not load its config ({one_line(exc)})") from None
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def has_tokenizer_files(source: Source) -> bool:
+    path = Path(source.location)
+    return not path.is_dir() or any((path / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def hf_tokenizer(source: Source) -> HFTokenizer:
+    """The tokenizer of an `hf` source (its folder's files, or the hub's)."""
+    _expect(source, "hf")
+    if not has_tokenizer_files(source):
+        raise ConfigError(f"{source.name}: has no tokenizer files")
+    path = Path(source.location)
+    return load_hf_tokenizer(str(path.resolve()) if path.exists() else source.location)
+
+
+def _tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
+    """(data.tokenizer for a run of an `hf` source's model, what happened)."""
+    if not has_tokenizer_files(source):
+        return "bytes", "no tokenizer files; data.tokenizer=bytes"
+    try:
+        tokenizer = hf_tokenizer(source)
+    except ConfigError as exc:  # a broken or slow-only tokenizer: fall back to bytes, and say why
+        return "bytes", f"tokenizer not usable ({one_line(exc, 150)}); data.tokenizer=bytes"
+    if tokenizer.vocab_size > model_vocab:
+        return "bytes", f"tokenizer has {tokenizer.vocab_size} tokens, model {model_vocab}; data.tokenizer=bytes"
+    return tokenizer.name, f"data.tokenizer={tokenizer.name}"
+
+
+def convert(source: Source) -> Converted:
+    """The ropelab model of an `hf` or `gguf` source, with what a run of it needs to read its tokens."""
+    _expect(source, "hf", "gguf")
+    transformers = _transformers()
+    if source.kind == "gguf":
+        hf_model, hf_tok = gguf.load_gguf(source.location, torch.float32)
+        tokenizer = HFTokenizer(hf_tok.backend_tokenizer, source.name, eos=hf_tok.eos_token)
+    else:
+        hf_model, tokenizer = load_hf_model(source, torch.float32), None
+    try:
+        model = from_hf(hf_model).float().eval()
+    except ValueError as exc:
+        raise ConfigError(f"{source.name}: no exact ropelab equivalent: {exc}") from None
+    architecture = type(hf_model).__name__
+    del hf_model
+    model.config.name = source.name if source.kind == "hf" or source.name in gguf.BUILTIN_SOURCES else Path(source.location).stem
+    vocab = model.config.vocab_size
+    if tokenizer is not None:
+        spec, note = source.name, f"saved from the GGUF file ({tokenizer.vocab_size} tokens)"
+    else:
+        spec, note = _tokenizer_spec(source, vocab)
+        if spec == "bytes" and vocab < 259:
+            note += f" (but the model has only {vocab} tokens: set data.tokenizer before training)"
+    return Converted(model, architecture, spec, note, tokenizer, transformers.__version__)
+
+
+__all__ = ["Converted", "convert", "load_hf_model", "hf_text_config", "hf_tokenizer", "has_tokenizer_files"]

@@ -1,0 +1,96 @@
+"""Runs that start from another model's weights (`train.init_from`).
+
+  run_config(base, preset, overrides)  `build_run_config`, except that with `train.init_from` set the
+                                       source's model settings and tokenizer are the defaults under
+                                       the user's (so a fine-tune of SmolLM2 needs no shape keys)
+  check_init(config)                   the run can start from its source: the same weight shapes and
+                                       the same tokenizer; one-line ConfigError otherwise, reading
+                                       only configurations and tokenizers
+  initial_weights(config)              (the source's state dict, a record of where it came from)
+
+Settings that do not change a weight's shape may differ from the source: RoPE theta, fraction,
+style and per-layer settings, attention backend, and everything outside `model`. A resumed run
+reads its own checkpoints; `init_from` only seeds step 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from ropelab.config import ConfigError, RunConfig, build_run_config, parse_override
+from ropelab.data.tokenizer import load_tokenizer
+from ropelab.sources.loading import load, load_config
+from ropelab.sources.locate import resolve
+
+# ModelConfig fields that decide the weights' names and shapes (the rest may differ from the source)
+SHAPE_KEYS = ("n_layer", "d_model", "n_head", "kv_heads", "head_size", "d_ff", "vocab_size", "block", "norm",
+              "mlp", "attn_bias", "mlp_bias", "qk_norm", "tie_embeddings")
+
+
+def _init_from(base: dict, overrides) -> str | None:
+    name = ((base or {}).get("train") or {}).get("init_from")
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "train.init_from":
+            name = value
+    return name
+
+
+def run_config(base: dict | None = None, preset: str | None = None, overrides=()) -> RunConfig:
+    """A run config as `build_run_config` makes it; with `train.init_from` and no model preset, the
+    source's model settings and data.tokenizer are the defaults that the YAML and overrides change."""
+    name = _init_from(base, overrides)
+    tree = copy.deepcopy(base) if base else {}
+    if name is None or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
+        return build_run_config(tree, preset, overrides)
+    source_config, _ = load_config(str(name))
+    model = dataclasses.asdict(source_config.model)
+    for key, value in (tree.get("model") or {}).items():
+        model[key] = model["rope"] | value if key == "rope" and isinstance(value, dict) else value
+    tree["model"] = model
+    tree.setdefault("data", {}).setdefault("tokenizer", source_config.data.tokenizer)
+    return build_run_config(tree, None, overrides)
+
+
+def _key(name: str) -> str:
+    return f"train.init_from={name!r}"
+
+
+def check_init(config: RunConfig) -> None:
+    """ConfigError (one line) unless `config` can start from `train.init_from`'s weights. A vocabulary
+    not set yet (it follows the tokenizer) is checked through the tokenizer, and by `initial_weights`."""
+    name = config.train.init_from
+    try:
+        source_config, source = load_config(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{_key(name)}: {exc}") from None
+    mine, theirs = config.model, source_config.model
+    for field in SHAPE_KEYS:
+        ours = getattr(mine, field)
+        if field == "vocab_size" and ours is None:
+            continue
+        if ours != getattr(theirs, field):
+            raise ConfigError(f"{_key(name)}: model.{field}={ours!r} but the source has {getattr(theirs, field)!r}; "
+                              "settings that change weight shapes must match the source")
+    d, s = config.data, source_config.data
+    run_tokenizer = load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
+    source_tokenizer = load_tokenizer(s.tokenizer, s.corpus, s.val_percent)
+    if run_tokenizer.fingerprint() != source_tokenizer.fingerprint():
+        raise ConfigError(f"{_key(name)}: data.tokenizer={d.tokenizer!r} is not the source's tokenizer "
+                          f"({s.tokenizer!r}); the weights' token ids would mean other tokens")
+
+
+def initial_weights(config: RunConfig) -> tuple[dict, dict]:
+    """(state dict of `train.init_from`'s model, {"source", "kind", "checkpoint"} for result.json)."""
+    source = resolve(config.train.init_from)
+    model = load(source).model
+    if model.config.vocab_size != config.model.vocab_size:
+        raise ConfigError(f"{_key(source.name)}: model.vocab_size={config.model.vocab_size} but the source has "
+                          f"{model.config.vocab_size}; set model.vocab_size={model.config.vocab_size}")
+    record = {"source": source.name, "kind": source.kind, "location": source.location,
+              "checkpoint": str(source.checkpoint) if source.checkpoint else None}
+    return model.state_dict(), record
+
+
+__all__ = ["run_config", "check_init", "initial_weights", "SHAPE_KEYS"]

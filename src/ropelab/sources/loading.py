@@ -1,0 +1,80 @@
+"""Loading a model source: `load` (weights, tokenizer, config) and `load_config` (config alone).
+
+Hugging Face models are converted in memory (`ropelab.sources.hf`). A GGUF file is dequantized and
+converted once, into an imported folder under the ropelab cache (``$ROPELAB_CACHE/imports/``, keyed
+by the file's path, size and modification time), which later loads read directly.
+"""
+
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import NamedTuple
+
+from ropelab.config import ConfigError, DataConfig, RunConfig
+from ropelab.data.tokenizer import Tokenizer, cache_dir, load_tokenizer
+from ropelab.model import Transformer
+from ropelab.sources import hf_models
+from ropelab.sources.hf import model_config_from_hf
+from ropelab.sources.imported import import_model
+from ropelab.sources.locate import Source, resolve
+from ropelab.sources.runs import checkpoint_config, is_run_dir
+from ropelab.train import checkpoint as ckpt
+
+
+class Loaded(NamedTuple):
+    model: Transformer
+    tokenizer: Tokenizer
+    config: RunConfig
+
+
+def cached_import(source: Source) -> Source:
+    """The imported folder of a GGUF source in the ropelab cache, made now if absent."""
+    path = Path(source.location)
+    stat = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    folder = cache_dir() / "imports" / f"{path.stem}-{key}"
+    if not (is_run_dir(folder) and ckpt.latest_checkpoint(folder) is not None):
+        try:
+            import_model(source.location, folder)
+        except ConfigError:
+            if not (is_run_dir(folder) and ckpt.latest_checkpoint(folder) is not None):
+                raise  # not merely another process that imported it first
+    found = resolve(folder)
+    return Source(source.name, found.kind, found.location, found.run_dir, found.checkpoint)
+
+
+def _ropelab_source(name: str | Path | Source) -> Source:
+    source = resolve(name)
+    return cached_import(source) if source.kind == "gguf" else source
+
+
+def load_config(name: str | Path | Source) -> tuple[RunConfig, Source]:
+    """The run configuration of a source, without its weights (a GGUF file is imported first)."""
+    source = _ropelab_source(name)
+    if source.is_ropelab:
+        return checkpoint_config(source.checkpoint)[0], source
+    model_config = model_config_from_hf(hf_models.hf_text_config(source))
+    spec = hf_models.hf_tokenizer(source).name if hf_models.has_tokenizer_files(source) else "bytes"
+    return RunConfig(model=model_config, data=DataConfig(tokenizer=spec, seq_len=min(256, model_config.max_seq_len))), source
+
+
+def load(name: str | Path | Source) -> Loaded:
+    """(model in fp32 eval mode on the CPU, its tokenizer, its run configuration) for any source."""
+    source = _ropelab_source(name)
+    if source.is_ropelab:
+        config, folder = checkpoint_config(source.checkpoint)
+        model = Transformer(config.model)
+        ckpt.load_weights(model, folder)
+        model.eval()
+    else:
+        converted = hf_models.convert(source)
+        model = converted.model
+        config = RunConfig(model=model.config, data=DataConfig(
+            tokenizer=converted.tokenizer_spec, seq_len=min(256, model.config.max_seq_len)))
+    data = config.data
+    return Loaded(model, load_tokenizer(data.tokenizer, data.corpus, data.val_percent), config)
+
+
+__all__ = ["Loaded", "load", "load_config", "cached_import"]

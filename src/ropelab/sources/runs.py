@@ -1,0 +1,123 @@
+"""The run-directory layout, and how a path names a checkpoint.
+
+A run directory (what `ropelab train --out DIR` writes, and what `ropelab import` writes too):
+  config.yaml      the resolved configuration (what --resume uses)
+  metrics.jsonl    one JSON row per logged step (see `ropelab.train.metrics`)
+  checkpoints/     ``step_<N>/`` folders (see `ropelab.train.checkpoint`); phase ends are kept for good
+  result.json      written when the run finishes ("steps", final losses, per-phase validation)
+  import.json      only in folders written by `ropelab import`: where the weights came from
+
+A path names a checkpoint when it is a run directory (its latest complete checkpoint) or one
+``<run>/checkpoints/step_<N>/`` folder. For a multi-phase run, the configuration of a checkpoint is
+that of the phase the trainer was in at its step (its RoPE theta, sequence length, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from ropelab.config import ConfigError, RunConfig, build_run_config
+from ropelab.files import write_atomically
+from ropelab.train import checkpoint as ckpt
+from ropelab.train.phases import phase_at, resolve_phases
+
+CONFIG = "config.yaml"
+RESULT = "result.json"
+IMPORT = "import.json"
+STEP = re.compile(r"step_(\d+)")
+HF_MARKERS = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def is_run_dir(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / CONFIG).is_file()
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and bool(STEP.fullmatch(path.name)) and path.parent.name == "checkpoints"
+
+
+def is_hf_folder(path: Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and not is_run_dir(path) and any((path / name).is_file() for name in HF_MARKERS)
+
+
+def checkpoint_step(folder: Path) -> int:
+    return int(STEP.fullmatch(Path(folder).name)[1])
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The configuration saved in `run_dir/config.yaml` (validated)."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no {CONFIG}; not a ropelab run directory")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the file is damaged") from None
+    return build_run_config(data)
+
+
+def read_result(run_dir: Path) -> Optional[dict]:
+    """`result.json` of a finished run, or None while it has none."""
+    path = Path(run_dir) / RESULT
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not readable JSON ({type(exc).__name__}); the file is damaged") from None
+
+
+def write_result(run_dir: Path, result: dict) -> None:
+    write_atomically(Path(run_dir) / RESULT, json.dumps(result, indent=2))
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """(run directory holding config.yaml, complete checkpoint folder) for a run or checkpoint folder."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: no such file or directory")
+    if is_run_dir(p):
+        latest = ckpt.latest_checkpoint(p)
+        if latest is None:
+            raise ConfigError(f"{p}: no complete checkpoint (checkpoints/step_N/ with a {ckpt.MARKER} marker)")
+        return p, latest
+    if is_checkpoint_folder(p):
+        if not (p / ckpt.MARKER).is_file():
+            raise ConfigError(f"{p}: incomplete checkpoint (no {ckpt.MARKER} marker); refusing to load it")
+        run_dir = p.parent.parent
+        if not (run_dir / CONFIG).is_file():
+            raise ConfigError(f"{p}: checkpoint without its run's {CONFIG} (expected {run_dir / CONFIG})")
+        return run_dir, p
+    raise ConfigError(
+        f"{p}: not a ropelab run directory (config.yaml + checkpoints/), a checkpoint folder "
+        "(<run>/checkpoints/step_N/), a folder written by `ropelab import`, a Hugging Face model folder or a .gguf file"
+    )
+
+
+def checkpoint_config(path: str | Path) -> tuple[RunConfig, Path]:
+    """(the configuration the trainer held at the checkpoint, the checkpoint folder): for a
+    multi-phase run, that phase's config, with the vocabulary the weights have."""
+    run_dir, folder = resolve_checkpoint(path)
+    config = read_run_config(run_dir)
+    if not ckpt.has_weights(folder):
+        raise ConfigError(f"{folder}: no model.safetensors (nor a dcp/ checkpoint)")
+    if config.model.vocab_size is None:  # config.yaml written before the vocabulary was known
+        config.model.vocab_size = ckpt.weights_vocab(folder)
+    if not config.train.phases:
+        return config, folder
+    phase = phase_at(resolve_phases(config), max(checkpoint_step(folder) - 1, 0)).config
+    phase.model.vocab_size = config.model.vocab_size
+    return phase, folder
+
+
+__all__ = [
+    "CONFIG", "RESULT", "IMPORT", "is_run_dir", "is_checkpoint_folder", "is_hf_folder", "checkpoint_step",
+    "read_run_config", "read_result", "write_result", "resolve_checkpoint", "checkpoint_config",
+]

@@ -1,0 +1,67 @@
+"""train.init_from: a run starts from another run's weights with a fresh optimizer; the source's
+shape and tokenizer are the defaults; mismatches stop before any work with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ropelab.config import ConfigError, build_run_config
+from ropelab.sources import load, run_config
+from ropelab.train.loop import train
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory, tiny_session_overrides):
+    run_dir = tmp_path_factory.mktemp("init") / "source"
+    train(build_run_config(overrides=[*tiny_session_overrides, "model.d_model=32", "model.n_head=2",
+                                      "model.n_kv_head=1"]), run_dir)
+    return run_dir
+
+
+def test_source_shape_and_tokenizer_are_the_defaults(source_run):
+    config = run_config(overrides=[f"train.init_from={source_run}", "model.rope.theta=500000"])
+    source = load(source_run).config
+    assert (config.model.d_model, config.model.n_head, config.model.kv_heads) == (32, 2, 1)
+    assert config.model.vocab_size == source.model.vocab_size and config.data.tokenizer == "bytes"
+    assert config.model.rope.theta == 500_000  # a setting that keeps the weight shapes may differ
+
+
+def test_fine_tune_starts_from_the_source_weights_and_resumes(source_run, tmp_path, tiny_session_overrides):
+    not_model = [o for o in tiny_session_overrides if not o.startswith("model.")]
+    overrides = [*not_model, f"train.init_from={source_run}", "train.steps=4", "train.lr=1e-9",
+                 "model.rope.theta=20000"]
+    config = run_config(overrides=overrides)
+    result = train(config, tmp_path / "tuned")
+    assert result.init_from["source"] == str(source_run) and result.init_from["kind"] == "run"
+    saved = json.loads((tmp_path / "tuned" / "result.json").read_text())
+    assert saved["init_from"]["checkpoint"].endswith("step_00000008")
+    tuned, source = load(tmp_path / "tuned").model, load(source_run).model
+    for (name, a), b in zip(tuned.state_dict().items(), source.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)  # lr 1e-9: four steps move nothing visible
+    assert tuned.ropes[0].theta == 20_000
+
+    first = train(run_config(overrides=[*overrides, "train.steps=8"]), tmp_path / "straight")
+    train(run_config(overrides=[*overrides, "train.steps=8", "train.checkpoint_every=4"]), tmp_path / "cut")
+    (tmp_path / "cut" / "result.json").unlink()
+    resumed = train(out_dir=tmp_path / "cut", resume=True, from_checkpoint=4)
+    assert resumed.final_train_loss == first.final_train_loss and resumed.init_from == first.init_from
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model=64", "model.d_model=64 but the source has 32"),
+    ("data.tokenizer=bpe:300", "is not the source's tokenizer"),
+])
+def test_mismatch_stops_before_any_work(source_run, tmp_path, tiny_session_overrides, override, message):
+    not_model = [o for o in tiny_session_overrides if not o.startswith("model.")]
+    config = run_config(overrides=[*not_model, f"train.init_from={source_run}", override])
+    with pytest.raises(ConfigError, match=message) as info:
+        train(config, tmp_path / "bad")
+    assert "\n" not in str(info.value) and not (tmp_path / "bad").exists()
+
+
+def test_missing_source_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no such file or directory"):
+        run_config(overrides=[f"train.init_from={tmp_path / 'nope'}"])
