@@ -169,7 +169,8 @@ def describe_gpu(f: dict) -> str:
 
 
 def describe_smollm2(f: dict) -> str:
-    return "; ".join(f"{key}: {run['tokens_per_s']:,.0f} tokens/s, MFU {pct(run['mfu'])}" for key, run in f["runs"].items())
+    return "; ".join(f"{key}: {run['tokens_per_s']:,.0f} tokens/s, MFU {pct(run['mfu'])}"
+                     for key, run in f["runs"].items())
 
 
 class Stage(NamedTuple):
@@ -295,11 +296,13 @@ def measure_smollm2(dry_run: bool) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for every output (default: gpu_check)")
+    parser.add_argument("--out", type=Path, default=Path("gpu_check"),
+                        help="folder for every output (default: gpu_check)")
     parser.add_argument("--dry-run", action="store_true", help="run on the CPU with tiny shapes")
-    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)")
+    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES),
+                        help="stages to run (default: all)")
     parser.add_argument("--measure-smollm2", action="store_true",
-                        help="only measure the SmolLM2-shape step and print its JSON line (what the smollm2 stage runs)")
+                        help="only measure the SmolLM2-shape step, print its JSON line (what the smollm2 stage runs)")
     args = parser.parse_args(argv)
     if args.measure_smollm2:
         print(json.dumps(measure_smollm2(args.dry_run)))

@@ -27,8 +27,9 @@ def hub_environment(monkeypatch, tmp_path_factory):
         monkeypatch.setenv(name, "")  # records the value to restore, also when unset: a test's own
         monkeypatch.delenv(name, raising=False)  # os.environ writes (set_offline) are undone after it
     monkeypatch.setenv("HF_HOME", str(home))
-    for module_name, home_name, flags in (("huggingface_hub.constants", "HF_HOME", ["HF_HUB_OFFLINE"]),
-                                          ("datasets.config", "HF_CACHE_HOME", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])):
+    read_at_import = (("huggingface_hub.constants", "HF_HOME", ["HF_HUB_OFFLINE"]),
+                      ("datasets.config", "HF_CACHE_HOME", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"]))
+    for module_name, home_name, flags in read_at_import:
         module = sys.modules.get(module_name)
         if module is None:
             continue

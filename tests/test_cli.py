@@ -36,3 +36,24 @@ def test_memory_command_writes_table_and_plot(tmp_path, capsys):
 def test_memory_unknown_preset(capsys):
     assert main(["memory", "--presets", "nope-9b"]) == 2
     assert "nope-9b" in capsys.readouterr().err
+
+
+def test_command_options_from_config_file(tmp_path):
+    """`--config` of eval longctx and probe run: YAML keys are the options' names, the command line wins,
+    an unknown key or a missing positional list is one line."""
+    import argparse
+
+    from ropelab.cli.common import options_with_config
+    from ropelab.config import ConfigError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("runs: [a, b]\nlengths: [512, 1024]\nseed: 3\n")
+    args = argparse.Namespace(config=str(path), runs=[], lengths=None, seed=7)
+    assert options_with_config(args, ("lengths", "seed"), "runs") == {"runs": ["a", "b"], "lengths": [512, 1024], "seed": 7}
+    args = argparse.Namespace(config=str(path), runs=["c"], lengths=None, seed=None)
+    assert options_with_config(args, ("lengths", "seed"), "runs")["runs"] == ["c"]
+    path.write_text("runs: a\nlenghts: [1]\n")
+    with pytest.raises(ConfigError, match="unknown key 'lenghts'; allowed: lengths, runs, seed"):
+        options_with_config(args, ("lengths", "seed"), "runs")
+    with pytest.raises(ConfigError, match="runs: give one or more"):
+        options_with_config(argparse.Namespace(config=None, runs=[], lengths=None, seed=None), ("lengths", "seed"), "runs")

@@ -76,7 +76,7 @@ def test_triton_rope_matches_the_reference(kernel_calls, fraction, layout, dtype
     wq = (torch.randn(H * D, C, generator=g) / C**0.5).to(CUDA, dtype).requires_grad_()
     wk = (torch.randn(K * D, C, generator=g) / C**0.5).to(CUDA, dtype).requires_grad_()
     positions = torch.randint(0, 4096, (B, T), generator=g).to(CUDA)
-    upstream = torch.randn(B, H, T, D, generator=g).to(CUDA, dtype), torch.randn(B, K, T, D, generator=g).to(CUDA, dtype)
+    upstream = tuple(torch.randn(B, heads, T, D, generator=g).to(CUDA, dtype) for heads in (H, K))
     rope = RotaryEmbedding(RopeConfig(fraction=fraction, layout=layout, cache=cache), D)
     r = rope.rotary_dims
     results = []

@@ -105,13 +105,17 @@ def test_a_failed_stage_is_recorded_and_the_others_still_run(gpu_check, tmp_path
         raise gpu_check.StageFailed(f"exit status {code}")
 
     def hangs(log, dry_run, timeout):
-        gpu_check.run_logged([sys.executable, "-c", "print('waiting', flush=True); import time; time.sleep(60)"], log, timeout)
+        gpu_check.run_logged([sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(60)"],
+                             log, timeout)
         return {}
+
+    def fine(log, dry_run, timeout):
+        return {"figure": 1.5}
 
     stages = {
         "crashes": gpu_check.Stage(crashes, 60, True, str),
         "hangs": gpu_check.Stage(hangs, 2, True, str),
-        "fine": gpu_check.Stage(lambda log, dry_run, timeout: {"figure": 1.5}, 60, True, lambda f: f"figure {f['figure']}"),
+        "fine": gpu_check.Stage(fine, 60, True, lambda figures: f"figure {figures['figure']}"),
     }
     monkeypatch.setattr(gpu_check, "STAGES", stages)
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 1

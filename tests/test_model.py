@@ -1,5 +1,5 @@
-"""The decoder itself: causality, parameter accounting, ignored labels, hidden states, layer RoPE sharing.
-(Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in tests/evaluate/test_hf_parity.py.)"""
+"""The decoder itself: causality, the key/value cache, parameter accounting, ignored labels, hidden states,
+layer RoPE sharing. (Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in tests/evaluate/test_hf_parity.py.)"""
 
 import dataclasses
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
-from ropelab.model import Transformer, count_params_meta, model_summary
+from ropelab.model import KVCache, Transformer, count_params_meta, model_summary
 
 TINY = dict(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=64)
 BLOCKS = {
@@ -37,6 +37,39 @@ def test_logits_never_depend_on_later_tokens(block, fraction, cut, seed):
         a, _ = model(ids)
         b, _ = model(changed)
     torch.testing.assert_close(a[:, :cut], b[:, :cut], rtol=0, atol=1e-6)
+
+
+def _randomize(model: Transformer, seed: int = 0) -> Transformer:
+    """Weights well away from the init (norms and biases too), so that logits are of order one."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.2
+            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
+    return model
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["plain", "documents"])
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("fraction", [0.25, 1.0], ids=["partial", "full"])
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_cached_forward_equals_the_full_forward(block, fraction, n_kv_head, documents):
+    """Prefill, a chunk of three tokens, then one token at a time through a KVCache: the logits of the
+    whole sequence in one forward, at every position."""
+    model = _randomize(_model(**BLOCKS[block], n_kv_head=n_kv_head, rope=RopeConfig(fraction=fraction)))
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(3))
+    doc_ids = torch.tensor([[0] * 4 + [1] * 12, [0] * 9 + [1] * 7]) if documents else None
+    cache, pieces, start = KVCache(), [], 0
+    with torch.no_grad():
+        full, _ = model(ids, doc_ids=doc_ids)
+        for end in (5, 8, *range(9, 17)):
+            pieces.append(model(ids[:, start:end], doc_ids=None if doc_ids is None else doc_ids[:, :end],
+                                kv_cache=cache)[0])
+            start = end
+    assert cache.get_seq_length() == 16 and len(cache.keys) == 2
+    assert cache.keys[1].shape == (2, n_kv_head, 16, 8)
+    assert full.abs().max() > 1  # logits far from zero: the tolerance below is tight
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))

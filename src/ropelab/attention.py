@@ -21,6 +21,11 @@ Backends (``attention.backend``):
 
 `Documents` derives the boundaries once per forward pass (the model wraps ``doc_ids`` before its
 first layer), so layers share the dense mask, the varlen grouping or the flex block mask.
+
+With a key/value cache there are fewer queries than keys: the queries are the last tokens, the keys
+all tokens so far (``doc_ids`` covers the keys). Then every backend is SDPA with a dense mask,
+causal from the queries' offset (and within one document given ``doc_ids``): one new token at a time
+that mask is a single row.
 """
 
 from __future__ import annotations
@@ -34,12 +39,18 @@ import torch.nn.functional as F
 BACKENDS = ("auto", "sdpa", "dense", "varlen", "flex")
 
 
-def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) document ids -> (B, 1, T, T) boolean mask: causal and within one document."""
+def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """(queries, keys) boolean mask for the last `queries` of `keys` tokens: each sees itself and earlier tokens."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
+
+
+def document_mask(doc_ids: torch.Tensor, queries: Optional[int] = None) -> torch.Tensor:
+    """(B, T) document ids -> (B, 1, Q, T) boolean mask for the last Q = `queries` tokens (default all T):
+    causal and within one document."""
     T = doc_ids.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    same_doc = doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2)
-    return (same_doc & causal).unsqueeze(1)
+    Q = T if queries is None else queries
+    same_doc = doc_ids[:, T - Q:].unsqueeze(-1) == doc_ids.unsqueeze(-2)
+    return (same_doc & causal_mask(Q, T, doc_ids.device)).unsqueeze(1)
 
 
 def bucket_lengths(lengths: torch.Tensor) -> torch.Tensor:
@@ -233,8 +244,15 @@ def attend(
     doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """q (B, Hq, T, D), k/v (B, Hk, T, D), optional doc_ids (B, T) or `Documents` -> (B, Hq, T, D)."""
+    """q (B, Hq, Tq, D), k/v (B, Hk, T, D), optional doc_ids (B, T) or `Documents` -> (B, Hq, Tq, D).
+
+    Tq < T with a key/value cache: the queries are the last Tq of the T tokens."""
     chosen = resolve_backend(backend, doc_ids, q.device)
+    Tq, T = q.shape[2], k.shape[2]
+    if Tq != T:
+        ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
+        mask = causal_mask(Tq, T, q.device) if ids is None else document_mask(ids, Tq)
+        return _sdpa(q, k, v, mask, False)
     if chosen == "sdpa":
         return _sdpa(q, k, v, None, True)
     docs = doc_ids if isinstance(doc_ids, Documents) else Documents(doc_ids)

@@ -326,6 +326,9 @@ class TrainConfig:
     # A model source (run, checkpoint, imported or HF folder, hub name, GGUF file, built-in name) whose
     # weights start the run, with a fresh optimizer and schedule (see `ropelab.sources.init`)
     init_from: Optional[str] = None
+    # Checksums of every file a checkpoint load reads (always), or their sizes only (cheap; see
+    # `ropelab.train.integrity` for the measured cost per GB)
+    verify_checkpoints: Literal["always", "sizes"] = "always"
 
     def validate(self) -> None:
         for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",

@@ -6,6 +6,10 @@ class TrainingDiverged(RuntimeError):
     run's latest checkpoint."""
 
 
+class WriteFailed(RuntimeError):
+    """A write of the run failed (a full disk, a vanished mount); what was written before is intact."""
+
+
 def one_line(exc: BaseException, limit: int = 200) -> str:
     """An exception as one line for a user-facing message: its type and the first line of its text."""
     lines = str(exc).strip().splitlines()

@@ -1,6 +1,7 @@
 """The ropelab transformer: one decoder-only model, sequential (Llama) or parallel (GPT-NeoX) blocks.
 
-Shapes: B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab.
+Shapes: B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab;
+S tokens held by a key/value cache (generation), before this forward's T.
 """
 
 from __future__ import annotations
@@ -36,9 +37,33 @@ def make_norm(config: ModelConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=config.norm_eps)
 
 
+class KVCache:
+    """Keys (rotated) and values of every token seen so far, per layer: generation passes one to each
+    forward, the prompt first, then the new tokens. transformers' Cache classes (DynamicCache) have the
+    same two methods and serve as well."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []  # per layer (B, K, S, D)
+        self.values: list[torch.Tensor] = []
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.keys[layer].shape[2] if layer < len(self.keys) else 0
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this forward's key and value (B, K, T, D) of `layer`; returns all of its (B, K, S + T, D)."""
+        if layer == len(self.keys):
+            self.keys.append(key)
+            self.values.append(value)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], key], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], value], dim=2)
+        return self.keys[layer], self.values[layer]
+
+
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, layer: int):
         super().__init__()
+        self.layer = layer  # where its keys and values go in a KVCache
         C, H, K, D = config.d_model, config.n_head, config.kv_heads, config.head_size
         self.n_head, self.n_kv_head, self.head_dim = H, K, D
         self.q_proj = nn.Linear(C, H * D, bias=config.attn_bias)
@@ -51,12 +76,20 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = "auto"
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        doc_ids: Optional[torch.Tensor],
+        kv_cache: Optional[KVCache] = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, K, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = self.rope(q, k, position_ids)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v, self.layer)  # (B, K, S + T, D)
         y = attend(q, k, v, doc_ids, self.backend)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
@@ -77,18 +110,25 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, layer: int):
         super().__init__()
         self.parallel = config.block == "parallel"
         self.attn_norm = make_norm(config, config.d_model)
-        self.attn = Attention(config, rope)
+        self.attn = Attention(config, rope, layer)
         self.mlp_norm = make_norm(config, config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        doc_ids: Optional[torch.Tensor],
+        kv_cache: Optional[KVCache] = None,
+    ) -> torch.Tensor:
+        cache = {} if kv_cache is None else {"kv_cache": kv_cache}  # stand-ins for `attn` (evaluate.longctx) take none
         if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-            return x + self.attn(self.attn_norm(x), position_ids, doc_ids) + self.mlp(self.mlp_norm(x))
-        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids)
+            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, **cache) + self.mlp(self.mlp_norm(x))
+        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids, **cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -110,7 +150,7 @@ class Transformer(nn.Module):
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config, rope) for rope in layer_ropes)
+        self.blocks = nn.ModuleList(Block(config, rope, layer) for layer, rope in enumerate(layer_ropes))
         self.final_norm = make_norm(config, config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -136,16 +176,21 @@ class Transformer(nn.Module):
         idx: torch.Tensor,
         position_ids: Optional[torch.Tensor] = None,
         doc_ids: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
     ) -> torch.Tensor:
-        """Token ids (B, T) -> final-norm hidden states (B, T, C)."""
+        """Token ids (B, T) -> final-norm hidden states (B, T, C).
+
+        With `kv_cache` (holding S earlier tokens, appended to here) the T tokens come after those:
+        positions default to S..S+T-1, and `doc_ids` covers all S + T tokens."""
         B, T = idx.shape
         if position_ids is None:
-            position_ids = torch.arange(T, device=idx.device).expand(B, T)
+            start = 0 if kv_cache is None else kv_cache.get_seq_length()
+            position_ids = torch.arange(start, start + T, device=idx.device).expand(B, T)
         x = self.embed(idx)  # (B, T, C)
         if doc_ids is not None:  # boundaries derived once, shared by every layer
             doc_ids = Documents(doc_ids)
         for block in self.blocks:
-            x = block(x, position_ids, doc_ids)
+            x = block(x, position_ids, doc_ids, kv_cache)
         return self.final_norm(x)
 
     def forward(
@@ -155,13 +200,14 @@ class Transformer(nn.Module):
         position_ids: Optional[torch.Tensor] = None,
         doc_ids: Optional[torch.Tensor] = None,
         return_hidden: bool = False,
+        kv_cache: Optional[KVCache] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Returns logits (B, T, V) and, given targets (B, T; -100 ignored), the mean cross-entropy.
 
         `return_hidden`: return the final-norm hidden states (B, T, C) instead of logits, for losses
         that apply `lm_head` chunk by chunk; going through `forward` (not `hidden_states`) keeps
-        DDP's and FSDP's forward hooks in play."""
-        hidden = self.hidden_states(idx, position_ids, doc_ids)  # (B, T, C)
+        DDP's and FSDP's forward hooks in play. `kv_cache`: see `hidden_states`."""
+        hidden = self.hidden_states(idx, position_ids, doc_ids, kv_cache)  # (B, T, C)
         if return_hidden:
             return hidden, None
         logits = self.lm_head(hidden)  # (B, T, V)

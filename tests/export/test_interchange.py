@@ -96,13 +96,24 @@ def test_export_checkpoint_folder_and_never_overwrites(run, exported, tmp_path):
     assert (tmp_path / "file.txt").read_text() == "keep me"
 
 
-def test_export_byte_tokenizer_run_skips_tokenizer(tmp_path):
+def test_export_byte_tokenizer_run_ships_an_equivalent_tokenizer(tmp_path):
     run_dir = _fake_run(tmp_path / "bytes-run", [])
     info = export_hf(run_dir, tmp_path / "hf")
-    assert "skipped" in info["tokenizer"] and "tokenizer.json" not in info["files"]
+    assert info["tokenizer"] == "saved (bytes, 259 tokens)" and "tokenizer.json" in info["files"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert theirs.generation_config.eos_token_id == 256
-    assert _max_diff(load(run_dir).model, theirs, _ids(320)) <= TOL
+    source = load(run_dir)
+    assert _max_diff(source.model, theirs, _ids(320)) <= TOL
+
+    ours = source.tokenizer
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == (
+        ours.eos_id, ours.bos_id, ours.pad_id) == (256, 257, 258)
+    assert (theirs.config.eos_token_id, theirs.config.bos_token_id, theirs.config.pad_token_id) == (256, 257, 258)
+    mixed = TEXT + "café 日本 🙂\t\r\n  <|endoftext|> end"  # a special token written in text stays bytes
+    ids = tokenizer(mixed).input_ids
+    assert ids == ours.encode_batch([mixed])[0] == list(mixed.encode("utf-8"))
+    assert tokenizer.decode(ids) == mixed and tokenizer.decode([104, 256, 105], skip_special_tokens=True) == "hi"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Hugging Face export with ropelab's own modeling code (auto_map + trust_remote_code=True): configurations
 without a native transformers class load through AutoModelForCausalLM with the same logits (fp32, max abs
-diff <= 1e-4), and generate() works."""
+diff <= 1e-4), and generate() works, with a key/value cache giving the outputs of none."""
 
 from __future__ import annotations
 
@@ -86,6 +86,45 @@ def test_remote_code_export_same_logits_and_generates(tmp_path, overrides):
         assert torch.equal(out, _greedy(ours, idx, 3))
 
 
+GENERATE_CASES = {  # (config, left padding of row 1)
+    "fraction_0.25_sequential": (CASES["fraction_0.25_sequential"], 5),
+    "gqa_partial": (CASES["gqa_partial"], 3),
+    "plain": (CASES["interleaved"], 0),  # no padding: no document ids anywhere
+}
+
+
+@pytest.mark.parametrize("case", list(GENERATE_CASES))
+def test_cached_generate_equals_uncached(tmp_path, case):
+    overrides, pad = GENERATE_CASES[case]
+    save_hf(_model(**overrides), tmp_path / "hf")
+    theirs = _load(tmp_path / "hf")
+    assert theirs.generation_config.use_cache is not False  # None: generate() decides, and caches
+    idx = _ids(4, length=12)
+    mask = torch.ones_like(idx)
+    mask[1, :pad] = 0
+    lengths = []  # tokens fed to the ropelab Transformer by each forward
+    theirs.model.register_forward_pre_hook(lambda _module, args: lengths.append(args[0].shape[1]))
+    with torch.no_grad():
+        cached = theirs.generate(idx, attention_mask=mask, max_new_tokens=32, do_sample=False)
+        assert lengths == [12] + [1] * 31
+        lengths.clear()
+        uncached = theirs.generate(idx, attention_mask=mask, max_new_tokens=32, do_sample=False, use_cache=False)
+        assert lengths == list(range(12, 44))
+        assert cached.shape == (2, 44) and torch.equal(cached, uncached)
+
+        # the cache by hand: prompt, then one token; the logits of the whole sequence in one forward
+        prompt = theirs(input_ids=cached[:, :20], attention_mask=mask_to(mask, 20), use_cache=True)
+        step = theirs(input_ids=cached[:, 20:21], attention_mask=mask_to(mask, 21), cache=prompt.cache)
+        assert step.cache is prompt.cache and step.cache.get_seq_length() == 21
+        full = theirs(input_ids=cached[:, :21], attention_mask=mask_to(mask, 21)).logits
+        assert (step.logits[:, 0] - full[:, 20]).abs().max().item() <= TOL
+
+
+def mask_to(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """The prompt's attention mask extended with ones (generated tokens) to `length`."""
+    return torch.cat([mask, torch.ones(mask.shape[0], length - mask.shape[1], dtype=mask.dtype)], dim=1)
+
+
 def test_tied_weights_padding_and_loss(tmp_path):
     ours = _model(tie_embeddings=True, rope=RopeConfig(fraction=0.5), rope_layers={0: {"layout": "interleaved"}})
     save_hf(ours, tmp_path / "hf")
@@ -143,10 +182,18 @@ def test_export_hf_run_falls_back_to_remote_code(tmp_path):
 
     info = export_hf(run_dir, tmp_path / "hf")
     assert info["route"] == "remote_code" and info["step"] == 5 and "layout=interleaved" in info["why"]
-    assert "skipped" in info["tokenizer"] and not list(tmp_path.glob(".tmp_*"))
+    assert info["tokenizer"] == "saved (bytes, 259 tokens)" and not list(tmp_path.glob(".tmp_*"))
     theirs = _load(tmp_path / "hf")
-    assert theirs.generation_config.eos_token_id == 256 and theirs.generation_config.use_cache is False
+    assert theirs.generation_config.eos_token_id == 256 and theirs.generation_config.use_cache is not False
     ours = load(run_dir).model
     idx = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (ours(idx)[0] - theirs(input_ids=idx).logits).abs().max().item() <= TOL
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")  # no trust_remote_code needed
+    text = "x = 'é'\n"
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert ids[0].tolist() == list(text.encode("utf-8")) and tokenizer.eos_token_id == 256
+    with torch.no_grad():
+        out = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, _greedy(ours, ids, 4)) and tokenizer.decode(out[0]).startswith(text)

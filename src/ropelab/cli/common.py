@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ropelab.config import MODEL_PRESETS, RunConfig, load_yaml
+from ropelab.config import MODEL_PRESETS, ConfigError, RunConfig, load_yaml
 
 # (name, add_arguments(parser), handler(args) -> exit code, help)
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -46,6 +46,30 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.no_progress:
         overrides.append("train.progress=false")
     return run_config(base, args.preset, overrides)
+
+
+def add_config_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of this command's options (keys as the options' names with "
+                                    "underscores, and the positional list); the command line wins")
+
+
+def options_with_config(args: argparse.Namespace, names: tuple[str, ...], listed: str) -> dict:
+    """{name: value} of the options `names` and the positional list `listed`: the command line's where
+    given (not None, not empty), else `--config`'s. Unknown YAML keys are a one-line ConfigError."""
+    values = {name: getattr(args, name) for name in (*names, listed)}
+    if args.config:
+        loaded = load_yaml(args.config)
+        unknown = sorted(set(loaded) - set(values))
+        if unknown:
+            raise ConfigError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(values))}")
+        for name, value in loaded.items():
+            if values[name] in (None, []):
+                values[name] = value
+    if not values[listed]:
+        raise ConfigError(f"{listed}: give one or more on the command line or as `{listed}:` in --config")
+    if isinstance(values[listed], str):
+        values[listed] = [values[listed]]
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def command_group(table: list[Command], name: str) -> tuple[Callable, Callable]:

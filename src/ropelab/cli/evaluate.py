@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropelab.cli.common import Command, command_group, numbers, token_counts
+from ropelab.cli.common import Command, add_config_argument, command_group, numbers, options_with_config, token_counts
 from ropelab.config import ConfigError
 
 
@@ -36,7 +36,9 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
 
 
 def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, <run>/checkpoints/step_N folders or imported folders")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="model sources: runs, <run>/checkpoints/step_N, imported or HF "
+                                                           "folders, .gguf files, smollm2-135m")
+    add_config_argument(p)
     p.add_argument("--out", dest="out_dir", required=True,
                    help="folder for longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png (not one holding earlier ones)")
     p.add_argument("--tasks", help="comma-separated: passkey, needle (default: both)")
@@ -56,9 +58,11 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
 def cmd_eval_longctx(args: argparse.Namespace) -> int:
     from ropelab.evaluate.longctx import evaluate_longctx
 
-    names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed", "batch_size")
-    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    results = evaluate_longctx(args.runs, args.out_dir, device=args.device, progress=not args.no_progress, **options)
+    names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed",
+             "batch_size", "device")
+    options = options_with_config(args, names, "runs")
+    runs = options.pop("runs")
+    results = evaluate_longctx(runs, args.out_dir, progress=not args.no_progress, **options)
     print(open(results["files"]["longctx.md"]).read().rstrip())
     print("wrote " + ", ".join(results["files"].values()))
     return 0

@@ -4,37 +4,52 @@ from __future__ import annotations
 
 import argparse
 
-from ropelab.cli.common import Command, command_group
+from ropelab.cli.common import Command, add_config_argument, command_group, options_with_config
 
 
 def _add_probe_run(p: argparse.ArgumentParser) -> None:
     from ropelab.probe.config import SEED_BLOCK_LEN, SEED_REPEATS, STAGES
 
-    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help="run directories, <run>/checkpoints/step_N, imported folders, or Hugging Face Llama/GPT-NeoX/Qwen "
-                        "folders or hub names (imported on the fly); the first is the reference")
+    p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT",
+                   help="model sources: run directories, <run>/checkpoints/step_N, imported folders, Hugging Face "
+                        "Llama/GPT-NeoX/Qwen folders or hub names, .gguf files, smollm2-135m; the first is the reference")
+    add_config_argument(p)
     p.add_argument("--out", dest="out_dir", required=True, help="new folder for the results (must not exist or be empty)")
-    p.add_argument("--block-len", type=int, default=SEED_BLOCK_LEN, help=f"tokens per block: BOS, text, EOS (default {SEED_BLOCK_LEN})")
-    p.add_argument("--repeats", type=int, default=SEED_REPEATS, help=f"blocks in the window (default {SEED_REPEATS})")
+    p.add_argument("--block-len", type=int, help=f"tokens per block: BOS, text, EOS (default {SEED_BLOCK_LEN})")
+    p.add_argument("--repeats", type=int, help=f"blocks in the window (default {SEED_REPEATS})")
     p.add_argument("--text", help="text file for the block's content (default: the first long-enough validation document "
                                   "of the first checkpoint's corpus)")
-    p.add_argument("--modes", default="causal-fp32-running",
+    p.add_argument("--modes",
                    help="comma-separated modes, each ATTENTION-PRECISION-POSITIONS from causal|doc, fp32|bf16, running|restart "
                         "(words may be left out: they keep the seed's causal, fp32, running), or `all` (default: causal-fp32-running)")
-    p.add_argument("--layers", default="all", help="comma-separated layer indices, negative from the end (default: all)")
-    p.add_argument("--stages", default="all", help=f"comma-separated stages from {', '.join(STAGES)} (default: all)")
-    p.add_argument("--top", type=int, default=10, help="weight-update spans listed as changed most (default 10)")
-    p.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--layers", help="comma-separated layer indices, negative from the end (default: all)")
+    p.add_argument("--stages", help=f"comma-separated stages from {', '.join(STAGES)} (default: all)")
+    p.add_argument("--top", type=int, help="weight-update spans listed as changed most (default 10)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
 
 
-def cmd_probe_run(args: argparse.Namespace) -> int:
-    from ropelab.probe import ProbeConfig, parse_layers, parse_modes, parse_stages, run_probe
+PROBE_OPTIONS = ("block_len", "repeats", "text", "modes", "layers", "stages", "top", "device")
 
-    config = ProbeConfig(block_len=args.block_len, repeats=args.repeats, text_file=args.text, modes=parse_modes(args.modes),
-                         layers=parse_layers(args.layers), stages=parse_stages(args.stages), device=args.device,
-                         progress=not args.no_progress, top_spans=args.top)
-    meta = run_probe(args.checkpoints, args.out_dir, config)
+
+def probe_config(options: dict, progress: bool = True):
+    """The `ProbeConfig` of `probe run`'s options (command line or --config), validated."""
+    from ropelab.probe import ProbeConfig, parse_layers, parse_modes, parse_stages
+    from ropelab.probe.config import SEED_BLOCK_LEN, SEED_REPEATS
+
+    return ProbeConfig(
+        block_len=options.get("block_len", SEED_BLOCK_LEN), repeats=options.get("repeats", SEED_REPEATS),
+        text_file=options.get("text"), modes=parse_modes(str(options.get("modes", "causal-fp32-running"))),
+        layers=parse_layers(str(options.get("layers", "all"))), stages=parse_stages(str(options.get("stages", "all"))),
+        device=options.get("device", "auto"), progress=progress, top_spans=options.get("top", 10),
+    ).validate()
+
+
+def cmd_probe_run(args: argparse.Namespace) -> int:
+    from ropelab.probe import run_probe
+
+    options = options_with_config(args, PROBE_OPTIONS, "checkpoints")
+    meta = run_probe(options["checkpoints"], args.out_dir, probe_config(options, progress=not args.no_progress))
     print(f"probed {len(meta['checkpoints'])} checkpoint(s) x {len(meta['modes'])} mode(s) on {meta['window']:,} tokens "
           f"({meta['repeats']} x {meta['block_len']}) in {meta['wall_seconds']:.1f} s -> {meta['out_dir']}/index.html")
     print("\n".join(meta["findings"]))

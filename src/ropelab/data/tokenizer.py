@@ -56,6 +56,29 @@ class ByteTokenizer:
     def fingerprint(self) -> str:
         return "bytes-v1"
 
+    def to_tokenizers(self):
+        """This tokenizer as a `tokenizers.Tokenizer` (what transformers and lm-eval load): ids 0-255 are
+        the bytes, `SPECIAL_TOKENS` take eos/bos/pad's ids 256-258. Byte-level BPE with no merges over the
+        whole text (no regex split), so every UTF-8 byte is one token. Special tokens written in a text
+        are encoded as their bytes too (`encode_special_tokens`; tokenizer.json does not store it), and
+        `decode` drops them, as here."""
+        from tokenizers import AddedToken, Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+
+        tok = RustTokenizer(models.BPE(vocab={char: b for b, char in enumerate(_byte_level_chars())}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
+        tok.encode_special_tokens = True
+        return tok
+
+
+def _byte_level_chars() -> list[str]:
+    """The character byte-level tokenizers (GPT-2's `bytes_to_unicode`) stand for each byte, in byte
+    order: printable Latin-1 bytes themselves, the others U+0100 onwards."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
+
 
 def _fingerprint(rust_tokenizer) -> str:
     return hashlib.sha256(rust_tokenizer.to_str().encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """Export ropelab models as Hugging Face model folders.
 
   export_hf(source, out_dir)    `save_hf` of a source's model (`ropelab.sources.load`), with its
-                                tokenizer when tokenizers-backed
+                                tokenizer (the byte tokenizer as `ByteTokenizer.to_tokenizers`)
   save_hf(model, out_dir)       `to_hf(model).save_pretrained(out_dir)` (safetensors, no remote code)
                                 when a native class is exactly equivalent, else ropelab's modeling code
                                 shipped in the folder (`remote_code`, trust_remote_code=True); plus
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ropelab.config import ConfigError, RunConfig
-from ropelab.data.tokenizer import ByteTokenizer, Tokenizer
+from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ropelab.export import remote_code
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
@@ -34,22 +34,19 @@ def _transformers():
     return transformers
 
 
-def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig):
-    """(the run's tokenizer, None) or (the tokenizer, why no tokenizer files are written)."""
+def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig) -> HFTokenizer:
+    """The run's tokenizer, tokenizers-backed: the byte tokenizer becomes its exact equivalent."""
     if isinstance(tokenizer, ByteTokenizer):
-        return tokenizer, (
-            "skipped: the byte tokenizer has no tokenizers-backed equivalent "
-            f"(ids 0-255 are UTF-8 bytes; eos={tokenizer.eos_id}, bos={tokenizer.bos_id}, pad={tokenizer.pad_id})"
-        )
+        tokenizer = HFTokenizer(tokenizer.to_tokenizers(), tokenizer.name)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"data.tokenizer={config.data.tokenizer!r}: {tokenizer.vocab_size} tokens but the model has only "
             f"{config.model.vocab_size}; not the run's tokenizer"
         )
-    return tokenizer, None
+    return tokenizer
 
 
-def _hf_tokenizer(tokenizer, max_len: int):
+def _hf_tokenizer(tokenizer: HFTokenizer, max_len: int):
     from tokenizers import Tokenizer as RustTokenizer
 
     transformers = _transformers()
@@ -58,6 +55,8 @@ def _hf_tokenizer(tokenizer, max_len: int):
         tokenizer_object=RustTokenizer.from_str(tokenizer.tok.to_str()),  # a copy: the wrapper may edit it
         eos_token=name(tokenizer.eos_id), bos_token=name(tokenizer.bos_id), pad_token=name(tokenizer.pad_id),
         model_max_length=max_len,
+        # tokenizer.json does not keep this setting (the byte tokenizer's), tokenizer_config.json does
+        split_special_tokens=tokenizer.tok.encode_special_tokens,
     )
 
 
@@ -80,7 +79,7 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
     ids = {k: v if v is not None and v < vocab else None for k, v in (token_ids or {}).items()}  # no stray ids
     for key, value in ids.items():
         setattr(hf_model.config, key, value)
-    generation = transformers.GenerationConfig(**ids, **({} if why is None else {"use_cache": False}))
+    generation = transformers.GenerationConfig(**ids)
     hf_model.generation_config = generation
     with new_folder(out) as tmp:
         hf_model.save_pretrained(tmp, safe_serialization=True)
@@ -100,16 +99,15 @@ def export_hf(source: str | Path, out_dir: str | Path) -> dict:
     Hugging Face model folder `out_dir` (see `save_hf`).
 
     Returns a summary: out_dir, route ("native" | "remote_code"), architecture (HF class), checkpoint,
-    step, files, tokenizer (what was done about it), and why (no native class) for remote code.
+    step, files, tokenizer (which was saved), and why (no native class) for remote code.
     Raises ConfigError for a non-empty `out_dir`, before loading anything."""
     out = refuse_existing(out_dir)
     _transformers()
     found = resolve(source)
     model, tokenizer, config = load(found)
-    tokenizer, skipped = _export_tokenizer(tokenizer, config)
+    tokenizer = _export_tokenizer(tokenizer, config)
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-    hf_tokenizer = None if skipped else _hf_tokenizer(tokenizer, config.model.max_seq_len)
-    info = save_hf(model, out, token_ids=ids, tokenizer=hf_tokenizer)
+    info = save_hf(model, out, token_ids=ids, tokenizer=_hf_tokenizer(tokenizer, config.model.max_seq_len))
     return {
         "out_dir": str(out),
         "route": info["route"],
@@ -117,7 +115,7 @@ def export_hf(source: str | Path, out_dir: str | Path) -> dict:
         "checkpoint": str(found.checkpoint) if found.checkpoint else found.location,
         "step": checkpoint_step(found.checkpoint) if found.checkpoint else 0,
         "files": info["files"],
-        "tokenizer": skipped or f"saved ({config.data.tokenizer}, {tokenizer.vocab_size} tokens)",
+        "tokenizer": f"saved ({config.data.tokenizer}, {tokenizer.vocab_size} tokens)",
     } | ({"why": info["why"]} if "why" in info else {})
 
 

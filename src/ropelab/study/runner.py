@@ -23,8 +23,10 @@ import yaml
 
 from ropelab.config import ConfigError
 from ropelab.files import write_atomically
+from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.train.checkpoint import latest_checkpoint
+from ropelab.train.lock import is_locked
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
 
@@ -56,8 +58,11 @@ def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) ->
 
 
 def initial_status(directory: Path) -> str:
-    if (directory / "result.json").is_file():
+    """done (result.json), elsewhere (another trainer holds the run's lock: left alone), or queued."""
+    if (directory / RESULT).is_file():
         return "done"
+    if is_locked(directory):
+        return "elsewhere"
     return "queued"
 
 
@@ -66,7 +71,7 @@ def _command(state: RunState, directory: Path) -> list[str]:
     if latest_checkpoint(directory) is not None:
         return base + ["--resume"]
     # never started, or died before its first checkpoint: start it afresh
-    for name in ("config.yaml", "metrics.jsonl", "error.txt"):
+    for name in (CONFIG, "metrics.jsonl", "error.txt"):
         (directory / name).unlink(missing_ok=True)
     study_dir = directory.parent.parent
     plan = study_dir / "plan" / f"{state.run.id}.yaml"
@@ -88,7 +93,7 @@ def _start(state: RunState, directory: Path, threads: int) -> None:
 def _finish(state: RunState, directory: Path) -> None:
     code = state.process.wait()
     state.log.close()
-    if code == 0 and (directory / "result.json").is_file():
+    if code == 0 and (directory / RESULT).is_file():
         state.status = "done"
         return
     state.status = "failed"
@@ -102,7 +107,7 @@ def _overview(states: list[RunState], study_dir: Path):
     table = Table(title=f"study {study_dir}")
     for col in ("run", "status", "step", "loss", "val loss"):
         table.add_column(col)
-    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim", "skipped": "red"}
+    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim", "skipped": "red", "elsewhere": "yellow"}
     for s in states:
         rows = read_metrics(run_dir(study_dir, s.run.id))
         last = rows[-1] if rows else {}
@@ -136,7 +141,7 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
                 if running >= jobs:
                     break
                 needs = [status[target] for _, target in references(s.run.config)]
-                if s.status == "queued" and any(n in ("failed", "skipped") for n in needs):
+                if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere") for n in needs):
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
                     _start(s, run_dir(study_dir, s.run.id), threads)

@@ -9,11 +9,11 @@ Each section is markdown for report.md plus HTML and images for report.html.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ropelab.evaluate.longctx import evaluate_longctx
+from ropelab.sources.runs import read_result
 
 LONGCTX_DIR = "longctx"
 
@@ -29,9 +29,9 @@ class Section:
 def _results(study_dir: Path) -> dict[str, dict]:
     out = {}
     for run in sorted((study_dir / "runs").glob("*")):
-        path = run / "result.json"
-        if path.is_file():
-            out[run.name] = json.loads(path.read_text())
+        result = read_result(run)
+        if result is not None:
+            out[run.name] = result
     return out
 
 

@@ -43,8 +43,8 @@ from ropelab.config import ConfigError
 from ropelab.errors import one_line
 from ropelab.train import integrity
 from ropelab.train.distributed import DistEnv
-from ropelab.train.integrity import MANIFEST, MARKER, DamagedCheckpoint, verify_checkpoint  # noqa: F401 (re-exported)
-from ropelab.train.safe_pickle import UnsafeCheckpoint, dcp_load, load_plain, read_dcp_metadata  # noqa: F401
+from ropelab.train.integrity import MANIFEST, MARKER, DamagedCheckpoint, verify_checkpoint  # noqa: F401 (also for callers)
+from ropelab.train.safe_pickle import UnsafeCheckpoint, dcp_load, load_plain, read_dcp_metadata  # noqa: F401 (also for callers)
 
 PHASE_MARKER = "PHASE"
 _SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
@@ -84,7 +84,8 @@ def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(),
              "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-             "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next}}
+             "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+                        "gauss_next": gauss_next}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -285,7 +286,7 @@ def prune(run_dir: Path, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
             verify_checkpoint(folder, "sizes")
         except DamagedCheckpoint:
             continue
-        pass
+        kept.add(folder.resolve())
         break
     deleted = [old for old in found if old.resolve() not in kept and not (old / PHASE_MARKER).is_file()]
     for old in deleted:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import warnings
 import zlib
 from pathlib import Path
@@ -173,7 +172,8 @@ def read_manifest(folder: Path) -> Optional[dict[str, dict]]:
         data = json.loads(raw)
         algorithm, files = data["algorithm"], data["files"]
         ok = isinstance(algorithm, str) and isinstance(files, dict) and all(
-            isinstance(e, dict) and type(e.get("size")) is int and isinstance(e.get("checksum"), str) for e in files.values())
+            isinstance(e, dict) and type(e.get("size")) is int and isinstance(e.get("checksum"), str)
+            for e in files.values())
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -263,5 +263,6 @@ def verify_checkpoint(folder: Path, mode: str = "always", *, files: Iterable[str
     return bool(outcome)
 
 
-__all__ = ["DamagedCheckpoint", "verify_checkpoint", "MANIFEST", "ALGORITHM", "check", "read_manifest", "write_manifest", "entries",
+__all__ = ["DamagedCheckpoint", "verify_checkpoint", "MANIFEST", "ALGORITHM", "check", "read_manifest", "write_manifest",
+           "entries",
            "files_in", "checksum"]

@@ -9,9 +9,11 @@ What a run directory holds is `ropelab.sources.runs`. The loss is an objective
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -25,12 +27,13 @@ from ropelab.config import ConfigError, RunConfig
 from ropelab.data.loader import Batch, PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
-from ropelab.errors import TrainingDiverged
+from ropelab.errors import TrainingDiverged, WriteFailed, one_line
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype, mixed_precision
 from ropelab.sources.init import check_init, initial_weights
 from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.lock import RunLock
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
 )
@@ -41,6 +44,9 @@ from ropelab.train.phases import Phase, phase_at, resolve_phases
 from ropelab.train.throughput import Throughput
 
 Callback = Callable[[dict], None]
+# A full disk or quota, a read-only or failing file system: the run stops in one line, and what was
+# written before (checkpoints are renamed into place only when complete) stays as it was.
+_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 __all__ = ["train", "TrainResult", "TrainingDiverged", "evaluate_loss", "read_metrics"]
 
@@ -197,9 +203,20 @@ def train(
         config = (config or RunConfig()).validate()
     env, device = init_distributed(config.train.device)
     started_group = env.active
+    if config.train.init_from and not resume:
+        check_init(config)  # before the run directory is made: a mismatch leaves nothing behind
+    lock = RunLock(run_dir).acquire() if env.is_main else None
     try:
         return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device)
+    except OSError as exc:
+        if exc.errno not in _STORAGE_ERRORS:
+            raise
+        latest = ckpt.latest_checkpoint(run_dir)
+        kept = f"the newest complete checkpoint is {latest}" if latest else "no checkpoint was written"
+        raise WriteFailed(f"{run_dir}: {one_line(exc)}; {kept}; resume with --resume once there is room") from None
     finally:
+        if lock is not None:
+            lock.release()
         if started_group:
             shutdown_distributed()
 
@@ -219,13 +236,9 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             if env.is_main:
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
-        latest = _requested_checkpoint(run_dir, from_checkpoint) if from_checkpoint is not None else ckpt.latest_checkpoint(run_dir)
-        if latest is None:
-            raise ConfigError(f"{run_dir}: no complete checkpoint to resume from")
+        latest = _resume_checkpoint(run_dir, from_checkpoint, tc.verify_checkpoints, env)
     elif config_path.exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
-    if tc.init_from and latest is None:
-        check_init(config)
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
 
     phases = resolve_phases(config, env.world)
@@ -260,10 +273,10 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
     optimizer = build_optimizer(wrapped, tc)
     phase_results = []  # {"name", "end_step", "val_loss"} of the phases completed so far
-    if latest is not None:
-        state = ckpt.read_state(latest)
+    if latest is not None:  # verified above: the loads below check sizes only
+        state = ckpt.read_state(latest, verify="sizes")
         _check_resume_world(state, phases, env, latest)
-        ckpt.load_checkpoint(latest, wrapped, optimizer, env)
+        ckpt.load_checkpoint(latest, wrapped, optimizer, env, verify="sizes")
         start_step = state["step"]
         phase_results = state.get("phase_results", [])
         init_record = state.get("init_from")
@@ -296,14 +309,19 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     wall_start, compute_time = time.perf_counter(), 0.0
     step = start_step
 
+    # The newest checkpoint followed by an applied step (or the one resumed from): never pruned, and
+    # the one named when bad steps stop the run. `pending` waits for its first applied step.
+    known_good = {"last": latest, "pending": None}
+
     def save(at_step: int, phase: Phase) -> None:
         extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
                  "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results,
                  "init_from": init_record}
         phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
         every = tc.full_weights == "every" or (tc.full_weights == "auto" and tc.parallel != "fsdp")
-        ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env, phase_end,
-                             full_weights=every or at_step == phase.end)
+        protect = [p for p in (known_good["last"],) if p is not None]
+        known_good["pending"] = ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env,
+                                                     phase_end, full_weights=every or at_step == phase.end, protect=protect)
 
     progress = _progress(tc.progress and env.is_main)
     stop = _GracefulStop()
@@ -344,6 +362,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 guard.record(reason, last_loss)
+                if reason is None and known_good["pending"] is not None:
+                    known_good["last"], known_good["pending"] = known_good["pending"], None
                 step += 1
                 dt = time.perf_counter() - t0
                 compute_time += dt
@@ -367,19 +387,20 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 for callback in callbacks:
                     callback(row)
                 if guard.exhausted:
-                    save(step, phase)  # bad steps left the weights untouched: this is the last good state
+                    good = known_good["last"] or known_good["pending"]
+                    where = f"the last good checkpoint is {good}" if good else "no checkpoint was written before them"
                     raise TrainingDiverged(
-                        f"{run_dir}: {guard.consecutive} consecutive bad steps (last: {reason} at step {step}); "
-                        f"stopped with the last good weights in {ckpt.step_dir(run_dir, step)}"
+                        f"{run_dir}: {guard.consecutive} consecutive bad steps (last: {reason} at step {step}); {where}"
                     )
-                if step % ptc.checkpoint_every == 0 or step == phase.end:
+                # a state reached through skipped steps only is not saved: its data position is past bad batches
+                if (step % ptc.checkpoint_every == 0 or step == phase.end) and guard.consecutive == 0:
                     save(step, phase)
                 val_text = f" val {last_val:.3f}" if last_val == last_val else ""
                 mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
                 progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}"
                                 f"{val_text} {row['tokens_per_s']:,.0f} tok/s{mfu_text}")
                 if stop.requested_on_any_rank(env, device):
-                    if ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
+                    if ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step) and guard.consecutive == 0:
                         save(step, phase)
                     raise KeyboardInterrupt
     finally:
@@ -399,11 +420,23 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     return result
 
 
-def _requested_checkpoint(run_dir: Path, requested: str | Path) -> Path:
-    path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
-    if not path.is_dir():
-        raise ConfigError(f"{path}: requested checkpoint does not exist")
-    return path  # `ckpt.read_state` refuses it if incomplete
+def _resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> Path:
+    """The checkpoint a resume starts from, verified: `requested` (a step or a folder), refused when
+    damaged; else the newest intact one, saying in one line per damaged newer checkpoint that it
+    was passed over."""
+    if requested is not None:
+        path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
+        if not path.is_dir():
+            raise ConfigError(f"{path}: requested checkpoint does not exist")
+        ckpt.verify_checkpoint(path, verify, env=env)  # DamagedCheckpoint: one line naming the file
+        ckpt.read_state(path, verify="never")  # refuses an incomplete one
+        return path
+    latest, damaged = ckpt.latest_intact_checkpoint(run_dir, verify, env)
+    for folder, why in damaged if env.is_main else ():
+        print(f"{folder}: damaged ({why}); falling back to {latest.name if latest else 'nothing'}", file=sys.stderr)
+    if latest is None:
+        raise ConfigError(f"{run_dir}: no intact checkpoint to resume from" + (" (every one is damaged)" if damaged else ""))
+    return latest
 
 
 def _tokens_seen(phases: list[Phase], step: int) -> int:

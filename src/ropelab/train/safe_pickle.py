@@ -59,8 +59,11 @@ def _legacy_numpy_globals() -> list:
     import numpy as np
 
     rebuild = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
-    names = ["numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"]
-    return [*((rebuild, name) for name in names), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    plain = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6):  # no (object, name) pairs yet
+        return [rebuild, *plain]
+    names = ["numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"]  # numpy 1 / 2 files
+    return [*((rebuild, name) for name in names), *plain]
 
 
 def load_plain(path: Path, legacy_numpy: bool = False) -> Any:
@@ -90,7 +93,10 @@ def load_plain(path: Path, legacy_numpy: bool = False) -> Any:
 # --------------------------------------------------------------------------- dcp/.metadata
 
 
+@functools.cache
 def _metadata_classes() -> dict[tuple[str, str], Any]:
+    """What a dcp .metadata pickle may name: dcp's metadata dataclasses and enums, `_StorageInfo`,
+    torch.Size, the layout lookup, pathlib paths (the checkpoint id) and sets."""
     from torch.distributed.checkpoint import filesystem, metadata
 
     allowed = {}
@@ -103,7 +109,7 @@ def _metadata_classes() -> dict[tuple[str, str], Any]:
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
     for name in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
         allowed[("pathlib", name)] = getattr(pathlib, name)
-    for name in ("set", "frozenset", "complex", "slice"):
+    for name in ("set", "frozenset"):
         allowed[("builtins", name)] = getattr(builtins, name)
     return allowed
 
@@ -112,15 +118,13 @@ _TORCH_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format)
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """A pickle reader that builds only torch.distributed.checkpoint metadata (no function calls)."""
-
-    _allowed: dict[tuple[str, str], Any] = {}
+    """A pickle reader that builds torch.distributed.checkpoint metadata and nothing else: it can
+    import only `_metadata_classes` and torch's dtype / layout / memory-format constants."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if not MetadataUnpickler._allowed:
-            MetadataUnpickler._allowed = _metadata_classes()
-        if (module, name) in self._allowed:
-            return self._allowed[(module, name)]
+        allowed = _metadata_classes()
+        if (module, name) in allowed:
+            return allowed[(module, name)]
         if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_CONSTANTS):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"it would import {module}.{name}")

@@ -1,0 +1,516 @@
+"""SmolLM2-135M, ropelab `Transformer` against Hugging Face's `LlamaForCausalLM`: speed and peak memory.
+
+    python benchmarks/real_model.py                   # every row, --reps 3   (~12 min on 2 busy cores)
+    python benchmarks/real_model.py --rows forward2k,train --reps 5
+    python benchmarks/real_model.py --quick           # 2 random layers, tiny lengths (the test), < 1 min
+
+Models. ropelab: `ropelab.sources.load("smollm2-135m")` (the GGUF file imported once into
+$ROPELAB_CACHE/imports). HF: `ropelab.sources.hf_models.load_hf_model(resolve("smollm2-135m"))`,
+i.e. transformers' own GGUF loader (dequantized to fp32, its default attention, sdpa). Same weights:
+the run checks that both give the same logits on 64 tokens before timing. `--quick` builds SmolLM2's
+shape (`SMOLLM2_SHAPE`, checked against the file on every real run) with 2 layers and random
+weights, and the HF model from it with `ropelab.sources.hf.to_hf`; it needs no model file.
+
+Rows (batch x tokens; `--quick`: 1 x 128, 1 x 512, 2 x 64):
+  forward2k  1 x 2048, no grad, the full forward an LM runs to score a text: every position's logits
+             (`model(ids)` for ropelab, `hf(ids)` for HF, as called; HF keeps its default
+             `use_cache`, so it also fills a KV cache, as a caller of `hf(ids)` gets)
+  forward8k  1 x 8192, the same
+  train      4 x 512: forward with loss, backward, AdamW step, zero_grad. ropelab: the trainer's
+             chunked cross-entropy objective (`cross_entropy_objective()`, never the full logits);
+             HF: `hf(input_ids=ids, labels=ids).loss`. Both: `build_optimizer(model, TrainConfig())`
+             (fused AdamW), the same token ids, and the same targets (ropelab's labels are HF's
+             shift: the next token, -100 at the end), so their first losses must agree.
+Precisions: fp32; bf16 autocast too where the CPU multiplies bf16 natively (/proc/cpuinfo flag
+avx512_bf16 or amx_bf16). Elsewhere bf16 is reported as not measured, with the reason: PyTorch's
+bf16 kernels there are emulated and many times slower than fp32, so the row would measure the
+emulation, not either library.
+
+Speed: both models live in this process and their runs alternate (rotating order, `--warmup`
+untimed runs each first), so both meet the same machine load. A row's figure is tokens / median
+seconds; the ratio ropelab/HF is the median over repetitions of t_HF / t_ropelab measured in that
+repetition, with its min and max.
+
+Peak memory: every (library, row) runs in a fresh subprocess (`--isolate row`; `--quick` uses
+`--isolate library`, one subprocess per library running its rows in turn, to stay under a minute)
+that loads the model, frees what loading left (gc, malloc_trim), records its resident set (VmRSS),
+resets the kernel's peak-RSS mark (writing 5 to /proc/self/clear_refs), runs the row twice (for
+training the second step runs with the AdamW state the first one created) and reads the peak mark
+(VmHWM). The figure is that peak minus the RSS after loading: what the row itself adds on top of the
+weights, optimizer state included. Resetting the mark keeps the loaders' own transient peaks
+(GGUF dequantization, safetensors) out of it. Where clear_refs cannot be written the subprocess
+reports getrusage(RUSAGE_SELF).ru_maxrss instead, which includes the load, and says so
+(`peak_method`). The HF subprocess loads HF's model with `from_pretrained` from a copy this process
+saves with `save_pretrained` (transformers' GGUF import takes ~45 s; the weights and config are
+the same); the ropelab subprocess loads it as above.
+
+Prints a table, the ratios against the targets of issue #15 (every row at least as fast as HF; the
+training step at least 1.15x HF's tokens/s with at most 0.6x HF's peak memory), then ONE JSON line
+with every figure, the CPU kind and the load average. benchmarks/train.py has no timing or CPU
+helpers to share (it times inline), so this script has its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import gc
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from ropelab.config import ModelConfig, RopeConfig, TrainConfig
+from ropelab.precision import cpu_has_native_bf16, mixed_precision
+
+SOURCE = "smollm2-135m"
+LIBRARIES = ("ropelab", "hf")
+# SmolLM2-135M's shape (HuggingFaceTB/SmolLM2-135M config.json); `--quick` builds it with 2 layers.
+SMOLLM2_SHAPE = ModelConfig(name="smollm2-135m-shape", vocab_size=49152, n_layer=30, d_model=576, n_head=9,
+                            n_kv_head=3, head_dim=64, d_ff=1536, norm_eps=1e-5, tie_embeddings=True,
+                            max_seq_len=8192, rope=RopeConfig(fraction=1.0, theta=100000.0))
+QUICK_LAYERS = 2
+SHAPE_FIELDS = ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "tie_embeddings")
+
+
+class Row(NamedTuple):
+    kind: str  # "forward" or "train"
+    batch: int
+    seq: int
+    quick_batch: int
+    quick_seq: int
+
+
+ROWS = {
+    "forward2k": Row("forward", 1, 2048, 1, 128),
+    "forward8k": Row("forward", 1, 8192, 1, 512),
+    "train": Row("train", 4, 512, 2, 64),
+}
+SPEED_TARGETS = {"forward2k": 1.0, "forward8k": 1.0, "train": 1.15}  # ropelab / HF tokens/s, at least
+MEMORY_TARGETS = {"train": 0.6}  # ropelab / HF peak memory, at most
+
+
+def shape_of(row: Row, quick: bool) -> tuple[int, int]:
+    return (row.quick_batch, row.quick_seq) if quick else (row.batch, row.seq)
+
+
+# ------------------------------------------------------------------ the machine
+
+
+def cpu_kind() -> dict:
+    """Model name, the SIMD flags that matter here, and what torch makes of them."""
+    model, flags = "unknown", set()
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        for line in first.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        mkldnn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        mkldnn_bf16 = False
+    return {"model_name": model,
+            "flags": {flag: flag in flags for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
+            "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mkldnn_bf16": mkldnn_bf16, "cpu_has_native_bf16": cpu_has_native_bf16(),
+            "nproc": os.cpu_count()}
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ------------------------------------------------------------------ models
+
+
+def quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def quick_model():
+    from ropelab.model import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(dataclasses.replace(SMOLLM2_SHAPE, n_layer=QUICK_LAYERS))
+
+
+def load_ropelab(quick: bool):
+    if quick:
+        return quick_model().eval()
+    from ropelab.sources import load
+
+    return load(SOURCE).model.eval()
+
+
+def load_hf(quick: bool):
+    """HF's model, as this process times it: transformers' GGUF import, or (quick) `to_hf` of the random model."""
+    quiet_transformers()
+    if quick:
+        from ropelab.sources.hf import to_hf
+
+        return to_hf(quick_model(), attn_implementation="sdpa").eval()
+    from ropelab.sources import resolve
+    from ropelab.sources.hf_models import load_hf_model
+
+    return load_hf_model(resolve(SOURCE)).eval()
+
+
+def load_hf_saved(folder: str, attn_implementation: str):
+    quiet_transformers()
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attn_implementation).eval()
+
+
+def shape_mismatch(config: ModelConfig) -> list[str]:
+    return [f"{name}: file {getattr(config, name)}, SMOLLM2_SHAPE {getattr(SMOLLM2_SHAPE, name)}"
+            for name in SHAPE_FIELDS if getattr(config, name) != getattr(SMOLLM2_SHAPE, name)]
+
+
+# ------------------------------------------------------------------ what a row runs
+
+
+def token_ids(batch: int, seq: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(batch * 100003 + seq))
+
+
+def make_run(library: str, model, row: Row, quick: bool, precision: str) -> Callable[[], Optional[float]]:
+    """One call of the row for one library: a forward (returns None) or a training step (returns its loss).
+    A training step's optimizer is created here, its state on the first step."""
+    batch, seq = shape_of(row, quick)
+    vocab = model.config.vocab_size
+    ids = token_ids(batch, seq, vocab)
+    bf16 = precision == "bf16"
+    if row.kind == "forward":
+        if library == "ropelab":
+            def forward():
+                model.eval()
+                with torch.no_grad(), mixed_precision("cpu", bf16):
+                    logits, _ = model(ids)
+                del logits
+        else:
+            def forward():
+                model.eval()
+                with torch.no_grad(), mixed_precision("cpu", bf16):
+                    out = model(ids)
+                del out
+        return forward
+
+    from ropelab.train.optim import build_optimizer
+
+    optimizer = build_optimizer(model, TrainConfig())
+    if library == "ropelab":
+        from ropelab.data.loader import Batch
+        from ropelab.train.objectives import cross_entropy_objective
+
+        labels = torch.cat([ids[:, 1:], torch.full((batch, 1), -100, dtype=ids.dtype)], dim=1)  # HF's shift
+        positions = torch.arange(seq).expand(batch, seq)
+        data = Batch(ids, labels, positions, torch.zeros_like(ids))
+        objective = cross_entropy_objective()
+
+        def loss_of():
+            return objective(model, data)[0]
+    else:
+        def loss_of():
+            return model(input_ids=ids, labels=ids).loss
+
+    def step() -> float:
+        model.train()
+        with mixed_precision("cpu", bf16):
+            loss = loss_of()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+# ------------------------------------------------------------------ peak memory (subprocess)
+
+
+def _status_kib(key: str) -> int:
+    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    if match is None:
+        raise OSError(f"/proc/self/status has no {key}")
+    return int(match.group(1))
+
+
+def _trim() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_memory(library: str, rows: list[str], quick: bool, precision: str, hf_dir: Optional[str],
+                   hf_attn: str) -> dict:
+    """In this (fresh) process: load the model, then each row's peak RSS over two runs minus the RSS after loading."""
+    model = load_ropelab(quick) if library == "ropelab" else load_hf_saved(hf_dir, hf_attn)
+    _trim()
+    loaded_kib = _status_kib("VmRSS")
+    figures = {"loaded_mib": round(loaded_kib / 1024, 1), "rows": {}}
+    for name in rows:
+        run = make_run(library, model, ROWS[name], quick, precision)
+        _trim()
+        before_kib = _status_kib("VmRSS")
+        reset = _reset_peak()
+        for _ in range(2):
+            run()
+        peak_kib = _status_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        figures["rows"][name] = {"peak_mib": round(peak_kib / 1024, 1),
+                                 "added_mib": round((peak_kib - loaded_kib) / 1024, 1),
+                                 "rss_before_mib": round(before_kib / 1024, 1),
+                                 "peak_method": "VmHWM after clear_refs" if reset else "ru_maxrss (includes loading)"}
+        del run
+        for p in model.parameters():
+            p.grad = None
+    return figures
+
+
+def memory_in_subprocesses(jobs: list[tuple[str, str, list[str]]], args, hf_dir: str, hf_attn: str,
+                           concurrent: bool) -> list[dict]:
+    """`measure_memory` of each (library, precision, rows) in a fresh interpreter; one after another, or
+    (`concurrent`) all at once: a process's peak RSS is its own, so only the wall time changes."""
+    def start(library: str, precision: str, rows: list[str]) -> subprocess.Popen:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--rows", ",".join(rows),
+               "--precision", precision, "--hf-dir", hf_dir, "--hf-attn", hf_attn]
+        if args.quick:
+            cmd.append("--quick")
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(proc: subprocess.Popen, job) -> dict:
+        stdout, stderr = proc.communicate()
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"memory subprocess {job} failed (exit {proc.returncode}): {stderr.strip()[-2000:]}")
+        return json.loads(lines[-1])
+
+    if concurrent:
+        procs = [start(*job) for job in jobs]
+        return [finish(proc, job) for proc, job in zip(procs, jobs)]
+    return [finish(start(*job), job) for job in jobs]
+
+
+# ------------------------------------------------------------------ speed (this process)
+
+
+def time_row(runs: dict[str, Callable], reps: int, warmup: int) -> tuple[dict[str, list[float]], list]:
+    """Alternating runs (rotating order) -> (seconds per library, first-run return values)."""
+    times = {library: [] for library in runs}
+    first = {}
+    names = list(runs)
+    for i in range(warmup + reps):
+        for library in names[i % len(names):] + names[: i % len(names)]:
+            t0 = time.perf_counter()
+            value = runs[library]()
+            elapsed = time.perf_counter() - t0
+            first.setdefault(library, value)
+            if i >= warmup:
+                times[library].append(elapsed)
+    return times, first
+
+
+def target(value: float, bound: float, at_least: bool) -> dict:
+    met = value >= bound if at_least else value <= bound
+    return {"value": value, "target": f"{'>=' if at_least else '<='} {bound:g}", "met": bool(met)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=None, help="timed runs per library and row (median; default 3, "
+                        "--quick 1)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed runs per library and row first (default 1, "
+                        "--quick 0)")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    parser.add_argument("--quick", action="store_true", help="2 random layers of SmolLM2's shape, tiny lengths")
+    parser.add_argument("--isolate", choices=["row", "library"], default=None,
+                        help="one memory subprocess per (library, row) (default) or per library (--quick's default)")
+    parser.add_argument("--precisions", default="auto",
+                        help="fp32, bf16 or both comma-separated; auto: fp32, plus bf16 on a CPU with native bf16")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--hf-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--hf-attn", default="sdpa", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
+    if args.reps < 1 or args.warmup < 0:
+        parser.error("--reps must be at least 1 and --warmup at least 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = [name.strip() for name in args.rows.split(",") if name.strip()]
+    unknown = [name for name in rows if name not in ROWS]
+    if unknown or not rows:
+        parser.error(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+    rows = [name for name in ROWS if name in rows]  # forwards before the training step, which moves the weights
+
+    if args.child:
+        print(json.dumps(measure_memory(args.child, rows, args.quick, args.precision, args.hf_dir, args.hf_attn)))
+        return 0
+
+    started = time.perf_counter()
+    load_start = loadavg()
+    cpu = cpu_kind()
+    requested = ["fp32", "bf16"] if args.precisions == "auto" else [p.strip() for p in args.precisions.split(",")]
+    precisions, not_measured = [], {}
+    for precision in requested:
+        if precision == "bf16" and not cpu["native_bf16"]:
+            not_measured["bf16"] = ("not measured: this CPU has no native bf16 (no avx512_bf16 / amx_bf16 in "
+                                    "/proc/cpuinfo), so PyTorch's bf16 kernels are emulated and several times "
+                                    "slower than fp32; a bf16 row would time the emulation, not the libraries")
+        elif precision in ("fp32", "bf16"):
+            precisions.append(precision)
+        else:
+            parser.error(f"--precisions: {precision!r}")
+    isolate = args.isolate or ("library" if args.quick else "row")
+
+    ours, hf = load_ropelab(args.quick), load_hf(args.quick)
+    mismatch = [] if args.quick else shape_mismatch(ours.config)
+    check_ids = token_ids(1, 64, ours.config.vocab_size)
+    with torch.no_grad():
+        logits_diff = (ours(check_ids)[0] - hf(check_ids).logits).abs().max().item()
+    hf_attn = hf.config._attn_implementation
+    hf_dir = tempfile.mkdtemp(prefix="real_model_hf_")  # what the HF memory subprocesses load
+    try:
+        hf.save_pretrained(hf_dir)  # before any training step moves the weights
+        models = {"ropelab": ours, "hf": hf}
+        del ours, hf  # run_all frees them before the memory subprocesses
+        return run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, started, models, hf_dir,
+                       hf_attn, mismatch, logits_diff)
+    finally:
+        shutil.rmtree(hf_dir, ignore_errors=True)
+
+
+def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, started, models: dict, hf_dir: str,
+            hf_attn: str, mismatch: list, logits_diff: float) -> int:
+    ours, hf = models["ropelab"], models["hf"]
+    phases = {"load_s": round(time.perf_counter() - started, 1)}
+    n_params = ours.num_params()
+    print(f"{'quick: ' + str(QUICK_LAYERS) + ' random layers of ' if args.quick else ''}SmolLM2-135M"
+          f"{' shape' if args.quick else ''}: {ours.config.n_layer} layers, {n_params / 1e6:.1f}M parameters; "
+          f"HF {type(hf).__name__} ({hf_attn}); max |logits difference| on 64 tokens {logits_diff:.2e}")
+    if mismatch:
+        print(f"warning: the file's shape differs from SMOLLM2_SHAPE: {'; '.join(mismatch)}")
+    print(f"CPU: {cpu['model_name']}, flags " + " ".join(f"{k}={'y' if v else 'n'}" for k, v in cpu["flags"].items())
+          + f", torch {torch.__version__} ({cpu['torch_cpu_capability']}), {torch.get_num_threads()} threads, "
+          f"load average {load_start}")
+    for precision, reason in not_measured.items():
+        print(f"{precision}: {reason}")
+
+    results, ratios, losses = {}, {}, {}
+    for precision in precisions:
+        for name in rows:
+            row = ROWS[name]
+            batch, seq = shape_of(row, args.quick)
+            runs = {library: make_run(library, model, row, args.quick, precision) for library, model in models.items()}
+            times, first = time_row(runs, args.reps, args.warmup)
+            del runs
+            for library in LIBRARIES:
+                median = statistics.median(times[library])
+                results[f"{precision}/{name}/{library}"] = {
+                    "batch": batch, "seq": seq, "seconds": [round(t, 4) for t in times[library]],
+                    "median_s": round(median, 4), "tokens_per_s": round(batch * seq / median, 1)}
+            per_rep = [t_hf / t_ours for t_ours, t_hf in zip(times["ropelab"], times["hf"])]
+            ratios[f"{precision}/{name}"] = {"speed": round(statistics.median(per_rep), 4),
+                                             "speed_min": round(min(per_rep), 4), "speed_max": round(max(per_rep), 4)}
+            if row.kind == "train":
+                losses[f"{precision}/{name}"] = {library: round(first[library], 5) for library in LIBRARIES}
+            for p in list(ours.parameters()) + list(hf.parameters()):
+                p.grad = None
+            gc.collect()
+    load_after_timing = loadavg()
+    phases["timing_s"] = round(time.perf_counter() - started - phases["load_s"], 1)
+
+    del ours, hf
+    models.clear()
+    gc.collect()
+    groups = [[name] for name in rows] if isolate == "row" else [rows]
+    jobs = [(library, precision, group) for precision in precisions for library in LIBRARIES for group in groups]
+    for (library, precision, _), figures in zip(jobs, memory_in_subprocesses(jobs, args, hf_dir, hf_attn, args.quick)):
+        for name, row_figures in figures["rows"].items():
+            results[f"{precision}/{name}/{library}"].update({"loaded_mib": figures["loaded_mib"], **row_figures})
+    phases["memory_s"] = round(time.perf_counter() - started - phases["load_s"] - phases["timing_s"], 1)
+    for precision in precisions:
+        for name in rows:
+            ours_mib = results[f"{precision}/{name}/ropelab"]["added_mib"]
+            hf_mib = results[f"{precision}/{name}/hf"]["added_mib"]
+            ratios[f"{precision}/{name}"]["peak_memory"] = round(ours_mib / hf_mib, 4) if hf_mib > 0 else None
+
+    targets = {}
+    for precision in precisions:
+        for name in rows:
+            key = f"{precision}/{name}"
+            targets[f"{key}/speed"] = target(ratios[key]["speed"], SPEED_TARGETS[name], True)
+            if name in MEMORY_TARGETS and ratios[key]["peak_memory"] is not None:
+                targets[f"{key}/peak_memory"] = target(ratios[key]["peak_memory"], MEMORY_TARGETS[name], False)
+
+    print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); peak memory: peak RSS of a "
+          f"fresh process over two runs minus its RSS after loading (one process per "
+          f"{'(library, row)' if isolate == 'row' else 'library'})")
+    print(f"{'row':<10} {'prec':<5} {'library':<8} {'tokens':>7} {'median s':>9} {'tokens/s':>9} "
+          f"{'peak MiB':>9} {'loaded':>7}")
+    for key, r in results.items():
+        precision, name, library = key.split("/")
+        print(f"{name:<10} {precision:<5} {library:<8} {str(r['batch']) + 'x' + str(r['seq']):>7} {r['median_s']:9.3f} "
+              f"{r['tokens_per_s']:9.0f} {r['added_mib']:9.0f} {r['loaded_mib']:7.0f}")
+    print("ropelab / HF:")
+    for key, r in ratios.items():
+        memory = "-" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}x"
+        line = (f"  {key:<16} speed {r['speed']:.2f}x (runs {r['speed_min']:.2f}-{r['speed_max']:.2f}), "
+                f"peak memory {memory}")
+        marks = [f"{what} {t['target']}: {'met' if t['met'] else 'NOT met'}"
+                 for what in ("speed", "peak_memory") if (t := targets.get(f"{key}/{what}"))]
+        print(line + ("   targets: " + "; ".join(marks) if marks else ""))
+    for key, pair in losses.items():
+        print(f"  {key} first-step loss: ropelab {pair['ropelab']:.5f}, HF {pair['hf']:.5f}")
+    print(json.dumps({
+        "benchmark": "real_model", "model": SOURCE, "quick": args.quick,
+        "layers": QUICK_LAYERS if args.quick else SMOLLM2_SHAPE.n_layer, "params": n_params,
+        "hf_attn_implementation": hf_attn, "check_logits_max_abs_diff": logits_diff, "shape_mismatch": mismatch,
+        "reps": args.reps, "warmup": args.warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cpu": cpu, "loadavg": {"start": load_start, "after_timing": load_after_timing, "end": loadavg()},
+        "memory_method": "peak RSS (VmHWM after clear_refs) over two runs minus RSS after loading, fresh process per "
+                         + ("(library, row)" if isolate == "row" else "library"),
+        "precisions": precisions, "not_measured": not_measured, "rows": rows,
+        "results": results, "ratios": ratios, "first_losses": losses, "targets": targets,
+        "all_targets_met": all(t["met"] for t in targets.values()),
+        "phases": phases, "wall_s": round(time.perf_counter() - started, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

