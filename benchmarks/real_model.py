@@ -11,7 +11,7 @@ the run checks that both give the same logits on 64 tokens before timing. `--qui
 shape (`SMOLLM2_SHAPE`, checked against the file on every real run) with 2 layers and random
 weights, and the HF model from it with `ropelab.sources.hf.to_hf`; it needs no model file.
 
-Rows (batch x tokens; `--quick`: 1 x 128, 1 x 512, 2 x 64):
+Rows (batch x tokens; `--quick`: 1 x 64, 1 x 256, 2 x 32):
   forward2k  1 x 2048, no grad, the full forward an LM runs to score a text: every position's logits
              (`model(ids)` for ropelab, `hf(ids)` for HF, as called; HF keeps its default
              `use_cache`, so it also fills a KV cache, as a caller of `hf(ids)` gets)
@@ -33,16 +33,18 @@ repetition, with its min and max.
 
 Peak memory: every (library, row) runs in a fresh subprocess (`--isolate row`; `--quick` uses
 `--isolate library`, one subprocess per library running its rows in turn, to stay under a minute)
-that loads the model, frees what loading left (gc, malloc_trim), records its resident set (VmRSS),
+that loads the model, reads every weight once (so memory-mapped weights are resident before, not
+during, the row), frees what loading left (gc, malloc_trim), records its resident set (VmRSS),
 resets the kernel's peak-RSS mark (writing 5 to /proc/self/clear_refs), runs the row twice (for
 training the second step runs with the AdamW state the first one created) and reads the peak mark
 (VmHWM). The figure is that peak minus the RSS after loading: what the row itself adds on top of the
 weights, optimizer state included. Resetting the mark keeps the loaders' own transient peaks
 (GGUF dequantization, safetensors) out of it. Where clear_refs cannot be written the subprocess
 reports getrusage(RUSAGE_SELF).ru_maxrss instead, which includes the load, and says so
-(`peak_method`). The HF subprocess loads HF's model with `from_pretrained` from a copy this process
-saves with `save_pretrained` (transformers' GGUF import takes ~45 s; the weights and config are
-the same); the ropelab subprocess loads it as above.
+(`peak_method`). The HF subprocess builds `LlamaForCausalLM` from the config of the model this process
+loaded (`from_config`, same attention implementation) and loads its state dict, saved here before
+any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
+`save_pretrained`); the ropelab subprocess loads its model as above.
 
 Prints a table, the ratios against the targets of issue #15 (every row at least as fast as HF; the
 training step at least 1.15x HF's tokens/s with at most 0.6x HF's peak memory), then ONE JSON line
@@ -93,9 +95,9 @@ class Row(NamedTuple):
 
 
 ROWS = {
-    "forward2k": Row("forward", 1, 2048, 1, 128),
-    "forward8k": Row("forward", 1, 8192, 1, 512),
-    "train": Row("train", 4, 512, 2, 64),
+    "forward2k": Row("forward", 1, 2048, 1, 64),
+    "forward8k": Row("forward", 1, 8192, 1, 256),
+    "train": Row("train", 4, 512, 2, 32),
 }
 SPEED_TARGETS = {"forward2k": 1.0, "forward8k": 1.0, "train": 1.15}  # ropelab / HF tokens/s, at least
 MEMORY_TARGETS = {"train": 0.6}  # ropelab / HF peak memory, at most
@@ -175,12 +177,25 @@ def load_hf(quick: bool):
     return load_hf_model(resolve(SOURCE)).eval()
 
 
+def save_hf(hf, folder: str) -> None:
+    """What `load_hf_saved` rebuilds HF's model from: its config and its state dict (tied tensors stay tied)."""
+    config = hf.config.to_dict()
+    config.pop("quantization_config", None)  # the GGUF file's; the weights are dequantized fp32
+    Path(folder, "config.json").write_text(json.dumps(config))
+    torch.save(hf.state_dict(), Path(folder, "state.pt"))
+
+
 def load_hf_saved(folder: str, attn_implementation: str):
     quiet_transformers()
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation=attn_implementation).eval()
+    config = transformers.AutoConfig.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                          attn_implementation=attn_implementation)
+    state = torch.load(Path(folder, "state.pt"), mmap=True, weights_only=True)
+    model.load_state_dict(state, strict=True)
+    del state
+    return model.eval()
 
 
 def shape_mismatch(config: ModelConfig) -> list[str]:
@@ -277,9 +292,13 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
                    hf_attn: str) -> dict:
     """In this (fresh) process: load the model, then each row's peak RSS over two runs minus the RSS after loading."""
     model = load_ropelab(quick) if library == "ropelab" else load_hf_saved(hf_dir, hf_attn)
+    with torch.no_grad():  # weights a loader memory-maps become resident now, not inside a row
+        for tensor in model.state_dict().values():
+            tensor.sum()
     _trim()
     loaded_kib = _status_kib("VmRSS")
-    figures = {"loaded_mib": round(loaded_kib / 1024, 1), "rows": {}}
+    figures = {"loaded_mib": round(loaded_kib / 1024, 1), "loaded_file_mib": round(_status_kib("RssFile") / 1024, 1),
+               "rows": {}}
     for name in rows:
         run = make_run(library, model, ROWS[name], quick, precision)
         _trim()
@@ -291,6 +310,7 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
         figures["rows"][name] = {"peak_mib": round(peak_kib / 1024, 1),
                                  "added_mib": round((peak_kib - loaded_kib) / 1024, 1),
                                  "rss_before_mib": round(before_kib / 1024, 1),
+                                 "file_mib_after": round(_status_kib("RssFile") / 1024, 1),
                                  "peak_method": "VmHWM after clear_refs" if reset else "ru_maxrss (includes loading)"}
         del run
         for p in model.parameters():
@@ -406,7 +426,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     hf_attn = hf.config._attn_implementation
     hf_dir = tempfile.mkdtemp(prefix="real_model_hf_")  # what the HF memory subprocesses load
     try:
-        hf.save_pretrained(hf_dir)  # before any training step moves the weights
+        save_hf(hf, hf_dir)  # before any training step moves the weights
         models = {"ropelab": ours, "hf": hf}
         del ours, hf  # run_all frees them before the memory subprocesses
         return run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, started, models, hf_dir,
@@ -462,7 +482,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
     jobs = [(library, precision, group) for precision in precisions for library in LIBRARIES for group in groups]
     for (library, precision, _), figures in zip(jobs, memory_in_subprocesses(jobs, args, hf_dir, hf_attn, args.quick)):
         for name, row_figures in figures["rows"].items():
-            results[f"{precision}/{name}/{library}"].update({"loaded_mib": figures["loaded_mib"], **row_figures})
+            results[f"{precision}/{name}/{library}"].update({"loaded_mib": figures["loaded_mib"],
+                                                             "loaded_file_mib": figures["loaded_file_mib"], **row_figures})
     phases["memory_s"] = round(time.perf_counter() - started - phases["load_s"] - phases["timing_s"], 1)
     for precision in precisions:
         for name in rows:

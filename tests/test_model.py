@@ -1,5 +1,6 @@
 """The decoder itself: causality, the key/value cache, parameter accounting, ignored labels, hidden states,
-layer RoPE sharing. (Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in tests/evaluate/test_hf_parity.py.)"""
+layer RoPE sharing. (Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in
+tests/evaluate/test_hf_parity.py.)"""
 
 import dataclasses
 

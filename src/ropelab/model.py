@@ -125,10 +125,9 @@ class Block(nn.Module):
         doc_ids: Optional[torch.Tensor],
         kv_cache: Optional[KVCache] = None,
     ) -> torch.Tensor:
-        cache = {} if kv_cache is None else {"kv_cache": kv_cache}  # stand-ins for `attn` (evaluate.longctx) take none
         if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, **cache) + self.mlp(self.mlp_norm(x))
-        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids, **cache)
+            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache) + self.mlp(self.mlp_norm(x))
+        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache)
         return x + self.mlp(self.mlp_norm(x))
 
 

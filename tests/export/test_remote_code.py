@@ -61,6 +61,11 @@ def _greedy(model: Transformer, idx: torch.Tensor, steps: int) -> torch.Tensor:
     return idx
 
 
+def _mask_to(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """The prompt's attention mask extended with ones (generated tokens) to `length`."""
+    return torch.cat([mask, torch.ones(mask.shape[0], length - mask.shape[1], dtype=mask.dtype)], dim=1)
+
+
 @pytest.mark.parametrize("overrides", list(CASES.values()), ids=list(CASES))
 def test_remote_code_export_same_logits_and_generates(tmp_path, overrides):
     ours = _model(**overrides)
@@ -113,16 +118,19 @@ def test_cached_generate_equals_uncached(tmp_path, case):
         assert cached.shape == (2, 44) and torch.equal(cached, uncached)
 
         # the cache by hand: prompt, then one token; the logits of the whole sequence in one forward
-        prompt = theirs(input_ids=cached[:, :20], attention_mask=mask_to(mask, 20), use_cache=True)
-        step = theirs(input_ids=cached[:, 20:21], attention_mask=mask_to(mask, 21), cache=prompt.cache)
+        prompt = theirs(input_ids=cached[:, :20], attention_mask=_mask_to(mask, 20), use_cache=True)
+        step = theirs(input_ids=cached[:, 20:21], attention_mask=_mask_to(mask, 21), cache=prompt.cache)
         assert step.cache is prompt.cache and step.cache.get_seq_length() == 21
-        full = theirs(input_ids=cached[:, :21], attention_mask=mask_to(mask, 21)).logits
+        full = theirs(input_ids=cached[:, :21], attention_mask=_mask_to(mask, 21)).logits
         assert (step.logits[:, 0] - full[:, 20]).abs().max().item() <= TOL
 
 
-def mask_to(mask: torch.Tensor, length: int) -> torch.Tensor:
-    """The prompt's attention mask extended with ones (generated tokens) to `length`."""
-    return torch.cat([mask, torch.ones(mask.shape[0], length - mask.shape[1], dtype=mask.dtype)], dim=1)
+def test_static_cache_is_refused(tmp_path):
+    """A StaticCache hands attention all its preallocated slots, filled or not: refused, not wrong logits."""
+    save_hf(_model(**CASES["nope"]), tmp_path / "hf")
+    theirs = _load(tmp_path / "hf")
+    with torch.no_grad(), pytest.raises(ValueError, match="dynamic key/value caches only"):
+        theirs.generate(_ids(), max_new_tokens=2, do_sample=False, cache_implementation="static")
 
 
 def test_tied_weights_padding_and_loss(tmp_path):

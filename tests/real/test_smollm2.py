@@ -17,7 +17,7 @@ SHORT = ["data.seq_len=32", "train.micro_batch=1", "train.eval_batches=1", "trai
 
 
 def test_fine_tune_from_smollm2_resumes_exactly(smollm2_folder, tmp_path):
-    overrides = [f"train.init_from={smollm2_folder}", *SHORT, "train.steps=4", "train.eval_every=2",
+    overrides = [f"train.init_from={smollm2_folder}", *SHORT, "train.steps=3", "train.eval_every=3",
                  "train.checkpoint_every=2"]
     config = run_config(overrides=overrides)
     assert (config.model.n_layer, config.model.d_model, config.model.vocab_size) == (30, 576, 49152)

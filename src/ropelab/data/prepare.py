@@ -15,6 +15,7 @@ are counted, not written again) and so produces the same bytes as a run never in
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import multiprocessing
@@ -33,11 +34,14 @@ from ropelab.data.corpus import in_validation
 from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
+from ropelab.errors import WriteFailed, one_line
 
 DEFAULT_SHARD_TOKENS = 2**28
 BATCH_CHARS = 1 << 18
 BATCH_DOCUMENTS = 1024
 PROGRESS = "progress.json"
+# a full disk or quota, a read-only or failing file system: one line (WriteFailed), the completed shards kept
+_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 @dataclass
@@ -193,8 +197,15 @@ def prepare(
                 raise ConfigError(f"--out {folder}: already holds data prepared with other settings ({_first_difference(settings, manifest['settings'])})")
             return manifest
         state = _load_progress(folder, settings)
-        write_json(folder / PROGRESS, state)
-        return _run(source, tokenizer, folder, settings, state, workers or os.cpu_count() or 1, progress)
+        try:
+            write_json(folder / PROGRESS, state)
+            return _run(source, tokenizer, folder, settings, state, workers or os.cpu_count() or 1, progress)
+        except OSError as exc:
+            if exc.errno not in _STORAGE_ERRORS:
+                raise
+            kept = sum(len(records) for records in state["splits"].values())
+            raise WriteFailed(f"{folder}: {one_line(exc)}; the {kept} completed shard(s) are kept: "
+                              "run the same command again once there is room") from None
 
 
 def _load_progress(folder: Path, settings: dict) -> dict:

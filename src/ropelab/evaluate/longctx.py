@@ -87,8 +87,8 @@ class _PrefixAttention(nn.Module):
         self.keys: Optional[torch.Tensor] = None
         self.values: Optional[torch.Tensor] = None
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None) -> torch.Tensor:
-        a = self.inner
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None, kv_cache=None) -> torch.Tensor:
+        a = self.inner  # `kv_cache`: the model's own cache, never given here (this class is the prefix cache)
         B, T, _ = x.shape
         q = a.q_norm(a.q_proj(x).view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
         k = a.k_norm(a.k_proj(x).view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)

@@ -166,6 +166,8 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
         if input_ids is None:
             raise ValueError("RopelabForCausalLM needs input_ids (inputs_embeds are not supported)")
         cache = cache if cache is not None else past_key_values
+        if getattr(cache, "is_compileable", False):  # a StaticCache: its keys are all its slots, filled or not
+            raise ValueError("RopelabForCausalLM takes dynamic key/value caches only, not static ones")
         if use_cache and cache is None:
             cache = DynamicCache()
         doc_ids = None

@@ -28,10 +28,13 @@ unverified. Nothing loaded runs code: tensors and plain data only (`ropelab.trai
 
 from __future__ import annotations
 
+import io
 import os
 import random
+import re
 import shutil
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -205,6 +208,38 @@ def _full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) names the OS error behind a failed write
+
+
+@contextmanager
+def _os_errors():
+    """A failed write raised as the OSError behind it, so that a full disk reaches the trainer as
+    ENOSPC: DCP wraps its file writes' OSError in a CheckpointException (a BaseException), and
+    safetensors reports one as a SafetensorError naming the OS error number."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        error = next((e for e, _ in exc.failures.values() if isinstance(e, OSError)), None)
+        if error is None:
+            raise
+        raise error from exc
+    except Exception as exc:
+        found = None if isinstance(exc, OSError) else _OS_ERROR.search(str(exc))
+        if found is None:
+            raise
+        raise OSError(int(found[1]), os.strerror(int(found[1]))) from exc
+
+
+def _save_small(obj, path: Path) -> None:
+    """torch.save through memory, then one Python write: a failed write (a full disk) is an OSError
+    with its errno, where torch's own file writer raises a RuntimeError without one."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    Path(path).write_bytes(buffer.getbuffer())
+
+
 def clear_partial(run_dir: Path) -> None:
     """Remove temporary folders left by a crash in the middle of a save."""
     root = checkpoint_dir(run_dir)
@@ -236,15 +271,16 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
         tmp.mkdir()
     env.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _os_errors():
         warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     weights = _full_weights(model) if full_weights else None
-    torch.save(rng_state(), tmp / f"rng_rank{env.rank}.pt")
+    _save_small(rng_state(), tmp / f"rng_rank{env.rank}.pt")
     if env.is_main and weights is not None:
-        save_file(_dedup_tied(weights, model), str(tmp / WEIGHTS))
+        with _os_errors():
+            save_file(_dedup_tied(weights, model), str(tmp / WEIGHTS))
     if env.is_main:
-        torch.save({"step": step, "world": env.world, **extra}, tmp / "state.pt")
+        _save_small({"step": step, "world": env.world, **extra}, tmp / "state.pt")
     known = _gather_checksums(tmp, env)  # also the barrier: every rank's files are on disk
     if env.is_main:
         if phase_end is not None:

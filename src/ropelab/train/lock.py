@@ -83,8 +83,12 @@ class RunLock:
                 raise
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": datetime.now().astimezone().isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError:  # a full disk: not held, rather than held by a descriptor no one will close
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 

@@ -205,8 +205,9 @@ def train(
     started_group = env.active
     if config.train.init_from and not resume:
         check_init(config)  # before the run directory is made: a mismatch leaves nothing behind
-    lock = RunLock(run_dir).acquire() if env.is_main else None
+    lock = None
     try:
+        lock = RunLock(run_dir).acquire() if env.is_main else None  # inside: a full disk fails in one line
         return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device)
     except OSError as exc:
         if exc.errno not in _STORAGE_ERRORS:

@@ -1,0 +1,87 @@
+"""benchmarks/real_model.py --quick: 2 random layers of SmolLM2-135M's shape, tiny lengths; no model file needed.
+
+Runs the script in this process (its memory measurements still run in subprocesses) and checks that the
+JSON line holds every row for both libraries: tokens/s, peak memory, the ratios and the targets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_model.py"
+ROWS = ("forward2k", "forward8k", "train")
+LIBRARIES = ("ropelab", "hf")
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def real_model_benchmark():
+    spec = importlib.util.spec_from_file_location("real_model_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_record(real_model_benchmark):
+    import transformers
+
+    threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
+    progress = transformers.utils.logging.is_progress_bar_enabled()
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    try:
+        # 1 thread: a smoke test of the machinery on a shared CPU, where 2-thread OpenMP regions stall
+        with contextlib.redirect_stdout(out):
+            assert real_model_benchmark.main(["--quick", "--reps", "1", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        transformers.logging.set_verbosity(verbosity)
+        if progress:
+            transformers.utils.logging.enable_progress_bar()
+    lines = out.getvalue().strip().splitlines()
+    assert "ropelab / HF:" in lines  # the table and the ratios came before the JSON line
+    return json.loads(lines[-1])
+
+
+def test_quick_run_measures_every_row_for_both_libraries(quick_record):
+    record = quick_record
+    assert record["benchmark"] == "real_model" and record["quick"] is True and record["layers"] == 2
+    assert record["rows"] == list(ROWS) and "fp32" in record["precisions"]
+    for precision in record["precisions"]:
+        for row in ROWS:
+            for library in LIBRARIES:
+                r = record["results"][f"{precision}/{row}/{library}"]
+                assert r["tokens_per_s"] > 0 and r["median_s"] > 0
+                assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["median_s"], rel=1e-3)
+                assert r["added_mib"] > 0 and r["peak_mib"] > r["loaded_mib"] > 0
+                assert r["peak_method"] == "VmHWM after clear_refs" or r["peak_method"].startswith("ru_maxrss")
+            ratio = record["ratios"][f"{precision}/{row}"]
+            assert ratio["speed"] > 0 and ratio["peak_memory"] > 0
+            assert ratio["speed_min"] <= ratio["speed"] <= ratio["speed_max"]
+            assert isinstance(record["targets"][f"{precision}/{row}/speed"]["met"], bool)
+        assert isinstance(record["targets"][f"{precision}/train/peak_memory"]["met"], bool)
+    assert record["all_targets_met"] == all(t["met"] for t in record["targets"].values())
+
+
+def test_quick_run_compares_the_same_model(quick_record):
+    # same weights: the same logits, and the same first training loss on the same targets
+    assert quick_record["check_logits_max_abs_diff"] < 1e-4
+    for pair in quick_record["first_losses"].values():
+        assert pair["ropelab"] == pytest.approx(pair["hf"], rel=1e-4)
+
+
+def test_quick_run_reports_the_cpu_and_bf16(quick_record):
+    cpu = quick_record["cpu"]
+    assert cpu["model_name"] and set(cpu["flags"]) >= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert len(quick_record["loadavg"]["start"]) == 3
+    # bf16 is either measured (native bf16) or reported as not measured, with the reason
+    assert ("bf16" in quick_record["precisions"]) != ("bf16" in quick_record["not_measured"])
+    assert ("bf16" in quick_record["precisions"]) == cpu["native_bf16"]
