@@ -32,18 +32,18 @@ seconds; the ratio ropelab/HF is the median over repetitions of t_HF / t_ropelab
 repetition, with its min and max.
 
 Peak memory: every (library, row) runs in a fresh subprocess (`--isolate row`; `--quick` uses
-`--isolate library`, one subprocess per library running its rows in turn, to stay under a minute)
-that loads the model, reads every weight once (so memory-mapped weights are resident before, not
-during, the row), frees what loading left (gc, malloc_trim), records its resident set (VmRSS),
-resets the kernel's peak-RSS mark (writing 5 to /proc/self/clear_refs), runs the row twice (for
-training the second step runs with the AdamW state the first one created) and reads the peak mark
-(VmHWM). The figure is that peak minus the RSS after loading: what the row itself adds on top of the
-weights, optimizer state included. Resetting the mark keeps the loaders' own transient peaks
-(GGUF dequantization, safetensors) out of it. Where clear_refs cannot be written the subprocess
-reports getrusage(RUSAGE_SELF).ru_maxrss instead, which includes the load, and says so
-(`peak_method`). The HF subprocess builds `LlamaForCausalLM` from the config of the model this process
-loaded (`from_config`, same attention implementation) and loads its state dict, saved here before
-any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
+`--isolate library`: one per library, its rows in turn), `--memory-jobs` of them at once (a
+process's peak is its own). Each loads its model, reads every weight once (so memory-mapped weights
+are resident before the row, not during it), frees what loading left (gc, malloc_trim), records its
+resident set (VmRSS), resets the kernel's peak-RSS mark (writes 5 to /proc/self/clear_refs), runs
+the row (a forward once; a training step twice, the second with the AdamW state the first one
+created) and reads the peak mark (VmHWM). The figure is that peak minus the RSS after loading: what
+the row adds on top of the weights, optimizer state included. Resetting the mark keeps the loaders'
+own transient peaks (GGUF dequantization) out of it. Where clear_refs cannot be written the
+subprocess reports getrusage(RUSAGE_SELF).ru_maxrss instead, which includes the load, and says so
+(`peak_method`). The HF subprocess builds `LlamaForCausalLM` from the config of the model this
+process loaded (`from_config`, same attention implementation) and loads its state dict, saved here
+before any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
 `save_pretrained`); the ropelab subprocess loads its model as above.
 
 Prints a table, the ratios against the targets of issue #15 (every row at least as fast as HF; the
@@ -83,6 +83,7 @@ SMOLLM2_SHAPE = ModelConfig(name="smollm2-135m-shape", vocab_size=49152, n_layer
                             n_kv_head=3, head_dim=64, d_ff=1536, norm_eps=1e-5, tie_embeddings=True,
                             max_seq_len=8192, rope=RopeConfig(fraction=1.0, theta=100000.0))
 QUICK_LAYERS = 2
+RUNS_FOR_PEAK = {"forward": 1, "train": 2}  # the second training step runs with the first one's AdamW state
 SHAPE_FIELDS = ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "tie_embeddings")
 
 
@@ -290,7 +291,8 @@ def _reset_peak() -> bool:
 
 def measure_memory(library: str, rows: list[str], quick: bool, precision: str, hf_dir: Optional[str],
                    hf_attn: str) -> dict:
-    """In this (fresh) process: load the model, then each row's peak RSS over two runs minus the RSS after loading."""
+    """In this (fresh) process: load the model, then each row's peak RSS (over `RUNS_FOR_PEAK` runs) minus
+    the RSS after loading."""
     model = load_ropelab(quick) if library == "ropelab" else load_hf_saved(hf_dir, hf_attn)
     with torch.no_grad():  # weights a loader memory-maps become resident now, not inside a row
         for tensor in model.state_dict().values():
@@ -304,7 +306,7 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
         _trim()
         before_kib = _status_kib("VmRSS")
         reset = _reset_peak()
-        for _ in range(2):
+        for _ in range(RUNS_FOR_PEAK[ROWS[name].kind]):
             run()
         peak_kib = _status_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         figures["rows"][name] = {"peak_mib": round(peak_kib / 1024, 1),
@@ -318,10 +320,9 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
     return figures
 
 
-def memory_in_subprocesses(jobs: list[tuple[str, str, list[str]]], args, hf_dir: str, hf_attn: str,
-                           concurrent: bool) -> list[dict]:
-    """`measure_memory` of each (library, precision, rows) in a fresh interpreter; one after another, or
-    (`concurrent`) all at once: a process's peak RSS is its own, so only the wall time changes."""
+def memory_in_subprocesses(jobs: list[tuple[str, str, list[str]]], args, hf_dir: str, hf_attn: str) -> list[dict]:
+    """`measure_memory` of each (library, precision, rows) in a fresh interpreter, `args.memory_jobs` at a
+    time: a process's peak RSS is its own, so running several at once changes only the wall time."""
     def start(library: str, precision: str, rows: list[str]) -> subprocess.Popen:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--rows", ",".join(rows),
                "--precision", precision, "--hf-dir", hf_dir, "--hf-attn", hf_attn]
@@ -338,10 +339,13 @@ def memory_in_subprocesses(jobs: list[tuple[str, str, list[str]]], args, hf_dir:
             raise RuntimeError(f"memory subprocess {job} failed (exit {proc.returncode}): {stderr.strip()[-2000:]}")
         return json.loads(lines[-1])
 
-    if concurrent:
-        procs = [start(*job) for job in jobs]
-        return [finish(proc, job) for proc, job in zip(procs, jobs)]
-    return [finish(start(*job), job) for job in jobs]
+    figures = []
+    for first in range(0, len(jobs), args.memory_jobs):
+        batch = jobs[first:first + args.memory_jobs]
+        procs = [start(*job) for job in batch]
+        figures += [finish(proc, job) for proc, job in zip(procs, batch)]
+        progress(f"memory: {', '.join(f'{library} {precision} {rows}' for library, precision, rows in batch)} done")
+    return figures
 
 
 # ------------------------------------------------------------------ speed (this process)
@@ -363,6 +367,10 @@ def time_row(runs: dict[str, Callable], reps: int, warmup: int) -> tuple[dict[st
     return times, first
 
 
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}, load average {loadavg()}", file=sys.stderr, flush=True)
+
+
 def target(value: float, bound: float, at_least: bool) -> dict:
     met = value >= bound if at_least else value <= bound
     return {"value": value, "target": f"{'>=' if at_least else '<='} {bound:g}", "met": bool(met)}
@@ -381,6 +389,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--precisions", default="auto",
                         help="fp32, bf16 or both comma-separated; auto: fp32, plus bf16 on a CPU with native bf16")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--memory-jobs", type=int, default=None,
+                        help="memory subprocesses run at once (default 1, --quick 2); a process's peak is its own")
     parser.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--hf-dir", help=argparse.SUPPRESS)
@@ -388,6 +398,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
+    args.memory_jobs = args.memory_jobs if args.memory_jobs is not None else (2 if args.quick else 1)
+    if args.memory_jobs < 1:
+        parser.error("--memory-jobs must be at least 1")
     if args.reps < 1 or args.warmup < 0:
         parser.error("--reps must be at least 1 and --warmup at least 0")
     if args.threads:
@@ -459,6 +472,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
             runs = {library: make_run(library, model, row, args.quick, precision) for library, model in models.items()}
             times, first = time_row(runs, args.reps, args.warmup)
             del runs
+            progress(f"timed {precision} {name}: " + ", ".join(
+                f"{library} {statistics.median(times[library]):.2f} s" for library in LIBRARIES))
             for library in LIBRARIES:
                 median = statistics.median(times[library])
                 results[f"{precision}/{name}/{library}"] = {
@@ -477,10 +492,10 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
 
     del ours, hf
     models.clear()
-    gc.collect()
+    _trim()
     groups = [[name] for name in rows] if isolate == "row" else [rows]
     jobs = [(library, precision, group) for precision in precisions for library in LIBRARIES for group in groups]
-    for (library, precision, _), figures in zip(jobs, memory_in_subprocesses(jobs, args, hf_dir, hf_attn, args.quick)):
+    for (library, precision, _), figures in zip(jobs, memory_in_subprocesses(jobs, args, hf_dir, hf_attn)):
         for name, row_figures in figures["rows"].items():
             results[f"{precision}/{name}/{library}"].update({"loaded_mib": figures["loaded_mib"],
                                                              "loaded_file_mib": figures["loaded_file_mib"], **row_figures})
@@ -500,7 +515,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
                 targets[f"{key}/peak_memory"] = target(ratios[key]["peak_memory"], MEMORY_TARGETS[name], False)
 
     print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); peak memory: peak RSS of a "
-          f"fresh process over two runs minus its RSS after loading (one process per "
+          f"fresh process (forward: 1 run, train: 2 steps) minus its RSS after loading (one process per "
           f"{'(library, row)' if isolate == 'row' else 'library'})")
     print(f"{'row':<10} {'prec':<5} {'library':<8} {'tokens':>7} {'median s':>9} {'tokens/s':>9} "
           f"{'peak MiB':>9} {'loaded':>7}")
@@ -524,7 +539,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "hf_attn_implementation": hf_attn, "check_logits_max_abs_diff": logits_diff, "shape_mismatch": mismatch,
         "reps": args.reps, "warmup": args.warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "cpu": cpu, "loadavg": {"start": load_start, "after_timing": load_after_timing, "end": loadavg()},
-        "memory_method": "peak RSS (VmHWM after clear_refs) over two runs minus RSS after loading, fresh process per "
+        "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
         "precisions": precisions, "not_measured": not_measured, "rows": rows,
         "results": results, "ratios": ratios, "first_losses": losses, "targets": targets,

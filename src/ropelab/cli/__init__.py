@@ -38,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ropelab: error: {exc}", file=sys.stderr)
         return 2
-    except (TrainingDiverged, WriteFailed) as exc:
+    except TrainingDiverged as exc:
         print(f"ropelab: training stopped: {exc}", file=sys.stderr)
+        return 1
+    except WriteFailed as exc:
+        print(f"ropelab: stopped: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         out = getattr(args, "out", None)

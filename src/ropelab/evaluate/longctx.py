@@ -48,6 +48,7 @@ from ropelab.data.tokenizer import load_tokenizer
 from ropelab.data.tokens import open_split
 from ropelab.evaluate.lm_eval_report import run_labels
 from ropelab.evaluate.longctx_report import check_out_dir, write_reports
+from ropelab.sources.runs import IMPORT
 from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
@@ -291,6 +292,13 @@ def _progress(enabled: bool):
     )
 
 
+def _trained_length(source: sources.Source, config) -> int:
+    """The context the weights were trained at: data.seq_len for a ropelab run; for a model made
+    elsewhere (HF, GGUF, or a folder of `ropelab import`) its own context, max_seq_len."""
+    imported = not source.is_ropelab or (source.run_dir / IMPORT).is_file()
+    return config.model.max_seq_len if imported else config.data.seq_len
+
+
 def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device, progress, task_id) -> dict:
     started = time.time()
     source = sources.resolve(run.path)
@@ -299,7 +307,7 @@ def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device
     entry: dict[str, Any] = {
         "label": run.label, "run": run.path, "checkpoint": str(source.checkpoint or source.location),
         "rope_theta": config.model.rope.theta, "rotary_dims": model.ropes[0].rotary_dims,
-        "head_dim": config.model.head_size, "train_seq_len": config.data.seq_len,
+        "head_dim": config.model.head_size, "train_seq_len": _trained_length(source, config),
         "max_seq_len": config.model.max_seq_len, "tokenizer": config.data.tokenizer, "tasks": {},
     }
     for task, items in run.items.items():
