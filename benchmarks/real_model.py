@@ -1,6 +1,6 @@
 """SmolLM2-135M, ropelab `Transformer` against Hugging Face's `LlamaForCausalLM`: speed and peak memory.
 
-    python benchmarks/real_model.py                   # every row, --reps 3   (~12 min on 2 busy cores)
+    python benchmarks/real_model.py                   # every row, --reps 3 (27 min on 2 shared cores, load 2.5-6.6)
     python benchmarks/real_model.py --rows forward2k,train --reps 5
     python benchmarks/real_model.py --quick           # 2 random layers, tiny lengths (the test), < 1 min
 
@@ -129,7 +129,8 @@ def cpu_kind() -> dict:
     except (AttributeError, RuntimeError):
         mkldnn_bf16 = False
     return {"model_name": model,
-            "flags": {flag: flag in flags for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
+            "flags": {flag: flag in flags
+                      for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
             "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "mkldnn_bf16": mkldnn_bf16, "cpu_has_native_bf16": cpu_has_native_bf16(),
@@ -497,8 +498,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
     jobs = [(library, precision, group) for precision in precisions for library in LIBRARIES for group in groups]
     for (library, precision, _), figures in zip(jobs, memory_in_subprocesses(jobs, args, hf_dir, hf_attn)):
         for name, row_figures in figures["rows"].items():
-            results[f"{precision}/{name}/{library}"].update({"loaded_mib": figures["loaded_mib"],
-                                                             "loaded_file_mib": figures["loaded_file_mib"], **row_figures})
+            loaded = {"loaded_mib": figures["loaded_mib"], "loaded_file_mib": figures["loaded_file_mib"]}
+            results[f"{precision}/{name}/{library}"].update({**loaded, **row_figures})
     phases["memory_s"] = round(time.perf_counter() - started - phases["load_s"] - phases["timing_s"], 1)
     for precision in precisions:
         for name in rows:
@@ -539,7 +540,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "hf_attn_implementation": hf_attn, "check_logits_max_abs_diff": logits_diff, "shape_mismatch": mismatch,
         "reps": args.reps, "warmup": args.warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "cpu": cpu, "loadavg": {"start": load_start, "after_timing": load_after_timing, "end": loadavg()},
-        "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after loading, fresh process per "
+        "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after "
+                         "loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
         "precisions": precisions, "not_measured": not_measured, "rows": rows,
         "results": results, "ratios": ratios, "first_losses": losses, "targets": targets,

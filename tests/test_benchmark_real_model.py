@@ -5,7 +5,9 @@ JSON line holds every row for both libraries: tokens/s, peak memory, the ratios 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -33,9 +35,6 @@ def quick_record(real_model_benchmark):
 
     threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
     progress = transformers.utils.logging.is_progress_bar_enabled()
-    import contextlib
-    import io
-
     out = io.StringIO()
     try:
         # 1 thread: a smoke test of the machinery on a shared CPU, where 2-thread OpenMP regions stall

@@ -48,7 +48,10 @@ def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) ->
     record = {"name": study.name, "runs": {r.id: r.config.to_dict() for r in runs}}
     path = study_dir / "study.yaml"
     if path.exists():
-        previous = yaml.safe_load(path.read_text()) or {}
+        try:
+            previous = yaml.safe_load(path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the study record is damaged") from None
         old = previous.get("runs", {})
         if set(old) != set(record["runs"]) or any(old[k] != record["runs"][k] for k in old):
             raise ConfigError(f"{study_dir}: holds runs from a different grid ({path.name} differs); choose another --out")

@@ -207,9 +207,10 @@ class _ChunkedLoss(torch.autograd.Function):
             if grad is not None:
                 grad = grad.to(weight.dtype)
                 if need_h:
-                    grad_h[rows] = (grad @ weight).to(grad_h.dtype)
+                    # F.linear, not @: autocast and `ropelab.precision`'s GEMM policy route linear layers only
+                    grad_h[rows] = F.linear(grad, weight.t()).to(grad_h.dtype)
                 if need_w:
-                    grad_w += (grad.T @ h.to(weight.dtype)).to(grad_w.dtype)
+                    grad_w += F.linear(grad.t(), h.to(weight.dtype).t()).to(grad_w.dtype)
         ctx.save_for_backward(grad_h, grad_w)
         means = sums * scale
         loss = sum(w * m for w, m in zip(spec.weights, means))

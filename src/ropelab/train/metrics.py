@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ropelab.config import ConfigError
 from ropelab.files import write_atomically
 
 
@@ -50,10 +51,15 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = [json.loads(line) for line in lines[:-1]]
     try:
-        rows += [json.loads(line) for line in lines[-1:]]
-    except json.JSONDecodeError:
-        pass
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; the file is damaged (nothing was changed)") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ConfigError(f"{path}:{number}: not a JSON row; the file is damaged (nothing was changed)") from None
     return rows
