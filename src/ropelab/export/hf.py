@@ -24,14 +24,7 @@ from ropelab.model import Transformer
 from ropelab.sources import load, resolve
 from ropelab.sources.hf import hf_architecture, hf_model_class, to_hf
 from ropelab.sources.runs import checkpoint_step
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError("Hugging Face export needs transformers: pip install 'ropelab[hf]'") from None
-    return transformers
+from ropelab.sources.transformers_lib import require_transformers
 
 
 def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig) -> HFTokenizer:
@@ -49,7 +42,7 @@ def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig) -> HFTokenizer:
 def _hf_tokenizer(tokenizer: HFTokenizer, max_len: int):
     from tokenizers import Tokenizer as RustTokenizer
 
-    transformers = _transformers()
+    transformers = require_transformers("Hugging Face export")
     name = lambda i: None if i is None else tokenizer.tok.id_to_token(i)  # noqa: E731
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=RustTokenizer.from_str(tokenizer.tok.to_str()),  # a copy: the wrapper may edit it
@@ -69,7 +62,7 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
     ids for the configs (ids outside the vocabulary are dropped); `tokenizer`: a transformers
     tokenizer saved alongside. Returns route, architecture, files, and why (no native class)."""
     out = refuse_existing(out_dir)
-    transformers = _transformers()
+    transformers = require_transformers("Hugging Face export")
     try:
         arch, why = hf_model_class(hf_architecture(model.config)), None
     except ValueError as exc:
@@ -102,7 +95,7 @@ def export_hf(source: str | Path, out_dir: str | Path) -> dict:
     step, files, tokenizer (which was saved), and why (no native class) for remote code.
     Raises ConfigError for a non-empty `out_dir`, before loading anything."""
     out = refuse_existing(out_dir)
-    _transformers()
+    require_transformers("Hugging Face export")
     found = resolve(source)
     model, tokenizer, config = load(found)
     tokenizer = _export_tokenizer(tokenizer, config)

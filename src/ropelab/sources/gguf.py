@@ -26,9 +26,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from ropelab.config import ConfigError
+from ropelab.sources.transformers_lib import INSTALL, dtype_kwargs, require_transformers
 
 GGUF_MAGIC = b"GGUF"
-_HF_INSTALL = "pip install 'ropelab[hf]' gguf accelerate"
 
 
 class BuiltinSource(NamedTuple):
@@ -88,21 +88,15 @@ def _gguf_module():
     try:
         import gguf
     except ImportError:
-        raise ConfigError(f"reading GGUF files needs the gguf package: {_HF_INSTALL}") from None
+        raise ConfigError(f"reading GGUF files needs the gguf package: {INSTALL}") from None
     return gguf
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError(f"loading GGUF files needs transformers: {_HF_INSTALL}") from None
-    return transformers
 
 
 def supported_architectures() -> list[str]:
     """GGUF architectures the installed transformers can load, from its own table."""
-    _transformers()
+    require_transformers("loading GGUF files")
     try:
         from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES as names
     except ImportError:  # older layouts: the config table in integrations.ggml
@@ -227,7 +221,7 @@ def _inspect(path: Path, shown: str) -> GGUFInfo:
     if architecture not in supported and _ARCH_ALIASES.get(architecture) not in supported:
         raise ConfigError(
             f"{shown}: GGUF architecture {architecture!r} is not loadable by transformers "
-            f"{_transformers().__version__}; supported: {_shortened(supported)}"
+            f"{require_transformers('loading GGUF files').__version__}; supported: {_shortened(supported)}"
         )
 
     counts = Counter(t.tensor_type.name for t in tensors)
@@ -252,14 +246,11 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     """(transformers causal LM in eval mode, its fast tokenizer) from a GGUF file, weights dequantized
     to `dtype`. ConfigError (one line, naming the file) on any failure."""
     info = inspect_gguf(path)
-    transformers = _transformers()
-    from packaging.version import Version
-
-    dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    transformers = require_transformers("loading GGUF files")
     folder, name = str(info.path.parent), info.path.name
     try:
         model, report = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, output_loading_info=True, **{dtype_key: dtype}
+            folder, gguf_file=name, output_loading_info=True, **dtype_kwargs(transformers, dtype)
         )
     except Exception as exc:
         raise ConfigError(f"{path}: transformers could not load the GGUF model ({_describe(exc)})") from None

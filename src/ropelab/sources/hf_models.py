@@ -7,7 +7,7 @@
 
 Hub names go through `ropelab.hub`: when the hub is unreachable they resolve from the local cache
 only, so a missing model fails at once instead of retrying. transformers is imported inside the
-functions that need it: it is an optional dependency (``ropelab[hf]``).
+functions that need it (`ropelab.sources.transformers_lib`): it is an optional dependency.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ropelab.model import Transformer
 from ropelab.sources import gguf
 from ropelab.sources.hf import from_hf
 from ropelab.sources.locate import Source
+from ropelab.sources.transformers_lib import dtype_kwargs, require_transformers
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -40,20 +41,6 @@ class Converted:
     transformers_version: str = ""
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError("Hugging Face and GGUF models need transformers: pip install 'ropelab[hf]'") from None
-    return transformers
-
-
-def _dtype_key(transformers) -> str:
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-
-
 def _expect(source: Source, *kinds: str) -> None:
     if source.kind not in kinds:
         raise ConfigError(f"{source.name}: a ropelab {source.kind}, not a model transformers loads")
@@ -65,11 +52,11 @@ def load_hf_model(source: Source, dtype: torch.dtype = torch.float32):
     _expect(source, "hf", "gguf")
     if source.kind == "gguf":
         return gguf.load_gguf(source.location, dtype)[0]
-    transformers = _transformers()
+    transformers = require_transformers("loading Hugging Face models")
     if not Path(source.location).exists():
         hub.offline_unless_reachable()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(source.location, **{_dtype_key(transformers): dtype})
+        model = transformers.AutoModelForCausalLM.from_pretrained(source.location, **dtype_kwargs(transformers, dtype))
     except Exception as exc:  # noqa: BLE001 - offline hub, missing repo, unknown architecture: one line
         raise ConfigError(f"{source.name}: could not load a causal LM ({one_line(exc, 300)})") from None
     return model.eval()
@@ -78,7 +65,7 @@ def load_hf_model(source: Source, dtype: torch.dtype = torch.float32):
 def hf_text_config(source: Source):
     """The configuration of an `hf` source's language model (its text part), without weights."""
     _expect(source, "hf")
-    transformers = _transformers()
+    transformers = require_transformers("loading Hugging Face models")
     if not Path(source.location).exists():
         hub.offline_unless_reachable()
     try:
@@ -118,7 +105,7 @@ def _tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
 def convert(source: Source) -> Converted:
     """The ropelab model of an `hf` or `gguf` source, with what a run of it needs to read its tokens."""
     _expect(source, "hf", "gguf")
-    transformers = _transformers()
+    transformers = require_transformers("converting Hugging Face and GGUF models")
     if source.kind == "gguf":
         hf_model, hf_tok = gguf.load_gguf(source.location, torch.float32)
         tokenizer = HFTokenizer(hf_tok.backend_tokenizer, source.name, eos=hf_tok.eos_token)

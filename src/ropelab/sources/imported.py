@@ -19,7 +19,7 @@ from typing import Optional
 
 import yaml
 
-from ropelab.config import ConfigError, DataConfig, RunConfig, build_run_config
+from ropelab.config import ConfigError, DataConfig, ModelConfig, RunConfig, build_run_config
 from ropelab.data.tokenizer import HFTokenizer
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
@@ -30,6 +30,7 @@ from ropelab.train import checkpoint as ckpt
 from ropelab.train.optim import build_optimizer
 
 TOKENIZER = "tokenizer.json"
+DEFAULT_SEQ_LEN = 256
 
 
 def save_weights_only(run_dir: Path, step: int, model: Transformer, config: RunConfig) -> Path:
@@ -38,6 +39,13 @@ def save_weights_only(run_dir: Path, step: int, model: Transformer, config: RunC
     would start from these weights at `step`."""
     extra = {"data": {"seed": config.seed, "next_step": step}}
     return ckpt.save_checkpoint(run_dir, step, model, build_optimizer(model, config.train), extra, keep=1)
+
+
+def converted_run_config(model: ModelConfig, tokenizer_spec: str) -> RunConfig:
+    """The run configuration of a model made elsewhere: its own model settings, its tokenizer, and a
+    CPU-sized default training length (a fine-tune sets its own)."""
+    seq_len = min(DEFAULT_SEQ_LEN, model.max_seq_len)
+    return RunConfig(model=model, data=DataConfig(tokenizer=tokenizer_spec, seq_len=seq_len))
 
 
 def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str, record: dict,
@@ -49,9 +57,7 @@ def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str,
         spec = str(out.resolve() / TOKENIZER) if tokenizer is not None else tokenizer_spec
         if tokenizer is not None:
             tokenizer.tok.save(str(tmp / TOKENIZER))
-        model_config = model.config
-        config = RunConfig(model=model_config, data=DataConfig(tokenizer=spec, seq_len=min(256, model_config.max_seq_len)))
-        config = build_run_config(yaml.safe_load(config.to_yaml()))  # validated, and exactly what loading will read
+        config = build_run_config(yaml.safe_load(converted_run_config(model.config, spec).to_yaml()))  # validated, as loading reads it
         (tmp / CONFIG).write_text(config.to_yaml())
         save_weights_only(tmp, 0, model, config)
         (tmp / IMPORT).write_text(json.dumps(record, indent=2))

@@ -12,12 +12,12 @@ import hashlib
 from pathlib import Path
 from typing import NamedTuple
 
-from ropelab.config import ConfigError, DataConfig, RunConfig
+from ropelab.config import ConfigError, RunConfig
 from ropelab.data.tokenizer import Tokenizer, cache_dir, load_tokenizer
 from ropelab.model import Transformer
 from ropelab.sources import hf_models
 from ropelab.sources.hf import model_config_from_hf
-from ropelab.sources.imported import import_model
+from ropelab.sources.imported import converted_run_config, import_model
 from ropelab.sources.locate import Source, resolve
 from ropelab.sources.runs import checkpoint_config, is_run_dir
 from ropelab.train import checkpoint as ckpt
@@ -35,11 +35,12 @@ def cached_import(source: Source) -> Source:
     stat = path.stat()
     key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     folder = cache_dir() / "imports" / f"{path.stem}-{key}"
-    if not (is_run_dir(folder) and ckpt.latest_checkpoint(folder) is not None):
+    complete = lambda: is_run_dir(folder) and ckpt.latest_checkpoint(folder) is not None  # noqa: E731
+    if not complete():
         try:
             import_model(source.location, folder)
         except ConfigError:
-            if not (is_run_dir(folder) and ckpt.latest_checkpoint(folder) is not None):
+            if not complete():
                 raise  # not merely another process that imported it first
     found = resolve(folder)
     return Source(source.name, found.kind, found.location, found.run_dir, found.checkpoint)
@@ -57,7 +58,7 @@ def load_config(name: str | Path | Source) -> tuple[RunConfig, Source]:
         return checkpoint_config(source.checkpoint)[0], source
     model_config = model_config_from_hf(hf_models.hf_text_config(source))
     spec = hf_models.hf_tokenizer(source).name if hf_models.has_tokenizer_files(source) else "bytes"
-    return RunConfig(model=model_config, data=DataConfig(tokenizer=spec, seq_len=min(256, model_config.max_seq_len))), source
+    return converted_run_config(model_config, spec), source
 
 
 def load(name: str | Path | Source) -> Loaded:
@@ -71,8 +72,7 @@ def load(name: str | Path | Source) -> Loaded:
     else:
         converted = hf_models.convert(source)
         model = converted.model
-        config = RunConfig(model=model.config, data=DataConfig(
-            tokenizer=converted.tokenizer_spec, seq_len=min(256, model.config.max_seq_len)))
+        config = converted_run_config(model.config, converted.tokenizer_spec)
     data = config.data
     return Loaded(model, load_tokenizer(data.tokenizer, data.corpus, data.val_percent), config)
 
