@@ -1,6 +1,7 @@
+import importlib.util
 import os
 import sys
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 import pytest
 
@@ -77,3 +78,19 @@ def run(tmp_path_factory, ropelab_cache):
     run_dir = tmp_path_factory.mktemp("tiny_bpe") / "run"
     train(build_run_config(overrides=TINY_BPE), run_dir)
     return run_dir
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """load(name) -> the module of benchmarks/<name>.py (benchmarks are scripts, not a package)."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
-
 
 @pytest.fixture(scope="module")
-def gpu_benchmark():
-    spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpu_benchmark(benchmark_script):
+    return benchmark_script("gpu")
 
 
 def test_dry_run_measures_every_figure(gpu_benchmark, capsys):

@@ -6,15 +6,12 @@ JSON line holds every row for both libraries: tokens/s, peak memory, the ratios 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_model.py"
 ROWS = ("forward2k", "forward8k", "train")
 LIBRARIES = ("ropelab", "hf")
 
@@ -22,11 +19,8 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def real_model_benchmark():
-    spec = importlib.util.spec_from_file_location("real_model_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def real_model_benchmark(benchmark_script):
+    return benchmark_script("real_model")
 
 
 @pytest.fixture(scope="module")

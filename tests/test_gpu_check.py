@@ -4,27 +4,21 @@ its CUDA-test stage on CPU, one stage's failure or timeout not stopping the othe
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from ropelab.model import Transformer, count_params_meta
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 no_cuda_only = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the stages would run for real")
 
 
 @pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpu_check(benchmark_script):
+    return benchmark_script("gpu_check")
 
 
 @pytest.fixture(scope="module")
