@@ -38,6 +38,10 @@ def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optio
     return max(2, 2 * math.floor(fraction * head_dim / 2 + 1e-9))
 
 
+# RopeConfig fields of a selected-pair plan
+PLAN_KEYS = ("keep_pairs", "select", "pairs")
+
+
 @dataclass
 class RopeConfig:
     """How one attention layer rotates its queries and keys.
@@ -57,6 +61,20 @@ class RopeConfig:
     2i pairs with 2i+1).
     `cache`: ``table`` keeps fp32 cos/sin for positions 0..max seen; ``none``
     computes them from the positions on every call.
+    `angles`: the precision in which position x frequency is formed: ``float64`` (exact far
+    beyond 2^24 positions) or ``float32`` (as HF transformers and most inference engines form
+    it: their logits to the last bit, at ~1e-4 rad of angle error by position 1,000).
+
+    A selected-pair plan (MHA2MLA's partial RoPE, `ropelab.rope_pairs`) keeps some of the
+    head_dim/2 pairs of the full-head spectrum ``theta^(-2i/head_dim)``, each at its own
+    frequency, and passes the rest through. The kept pairs occupy the first
+    ``2 * len(pairs)`` channels of each head (``ropelab convert`` permutes a source model's
+    W_q/W_k rows so), so `fraction`, `rotary_dims` and `style` do not apply:
+      - `pairs`: the kept pair indices, one list for every KV head or one list per KV head
+        (the query heads of a group use their group's);
+      - or `keep_pairs` (r) and `select`: ``high`` (pairs 0..r-1, the fastest), ``low`` (the
+        slowest r), ``uniform`` (every (head_dim/2)/r-th pair from 0) or ``2-norm`` (scored on
+        calibration data: made into `pairs` by ``ropelab convert`` or `train.init_from`).
     """
 
     fraction: float = 1.0
@@ -65,8 +83,21 @@ class RopeConfig:
     style: Literal["slice", "truncate"] = "slice"
     layout: Literal["half", "interleaved"] = "half"
     cache: Literal["table", "none"] = "table"
+    angles: Literal["float64", "float32"] = "float64"
+    keep_pairs: Optional[int] = None
+    select: Optional[Literal["high", "low", "uniform", "2-norm"]] = None
+    pairs: Optional[list] = None
+
+    @property
+    def has_plan(self) -> bool:
+        return self.pairs is not None or self.keep_pairs is not None
 
     def resolve_dims(self, head_dim: int) -> int:
+        if self.pairs is not None:
+            first = self.pairs[0] if self.pairs and isinstance(self.pairs[0], list) else self.pairs
+            return 2 * len(first)
+        if self.keep_pairs is not None:
+            return 2 * int(self.keep_pairs)
         return resolve_rotary_dims(head_dim, self.fraction, self.rotary_dims)
 
     def validate(self, head_dim: int, key: str = "model.rope") -> None:
@@ -81,6 +112,40 @@ class RopeConfig:
             raise ConfigError(f"{key}.fraction={self.fraction}: needs at least 2 channels but head_dim is {head_dim}")
         if not (self.theta > 0 and math.isfinite(self.theta)):
             raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
+        if self.has_plan:
+            self.validate_plan(head_dim, key)
+
+    def validate_plan(self, head_dim: int, key: str, kv_heads: Optional[int] = None) -> None:
+        """The selected-pair settings; `kv_heads` (when known) checks a per-head `pairs` list's length."""
+        n_pairs = head_dim // 2
+        if self.keep_pairs is not None:
+            if isinstance(self.keep_pairs, bool) or not 0 <= self.keep_pairs <= n_pairs:
+                raise ConfigError(f"{key}.keep_pairs={self.keep_pairs}: must be an integer in 0..{n_pairs} "
+                                  f"(head_dim {head_dim} has {n_pairs} frequency pairs)")
+            if self.pairs is None and self.select is None:
+                raise ConfigError(f"{key}.keep_pairs={self.keep_pairs}: also set {key}.select "
+                                  f"(high, low, uniform or 2-norm) or give the pairs as {key}.pairs")
+        if self.select is not None and self.keep_pairs is None and self.pairs is None:
+            raise ConfigError(f"{key}.select={self.select}: also set {key}.keep_pairs (how many pairs to keep)")
+        if self.pairs is None:
+            return
+        per_head = self.pairs and all(isinstance(p, list) for p in self.pairs)
+        lists = self.pairs if per_head else [self.pairs]
+        for head, kept in enumerate(lists):
+            where = f"{key}.pairs[{head}]" if per_head else f"{key}.pairs"
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in kept):
+                raise ConfigError(f"{where}: must be a list of pair indices (integers in 0..{n_pairs - 1}) "
+                                  "or one such list per KV head")
+            if any(not 0 <= i < n_pairs for i in kept) or len(set(kept)) != len(kept):
+                raise ConfigError(f"{where}={kept}: pair indices must be distinct integers in 0..{n_pairs - 1}")
+            if len(kept) != len(lists[0]):
+                raise ConfigError(f"{where}: keeps {len(kept)} pairs but the first head keeps {len(lists[0])}; "
+                                  "every KV head keeps the same number")
+        if self.keep_pairs is not None and len(lists[0]) != self.keep_pairs:
+            raise ConfigError(f"{key}.keep_pairs={self.keep_pairs}: but {key}.pairs keeps {len(lists[0])} per head")
+        if per_head and kv_heads is not None and len(lists) != kv_heads:
+            raise ConfigError(f"{key}.pairs: {len(lists)} per-head lists but the model has {kv_heads} KV heads "
+                              "(give one list per KV head, or one list for all)")
 
 
 # ---------------------------------------------------------------------------- model
@@ -124,7 +189,11 @@ class ModelConfig:
         override = self.rope_layers.get(layer) or self.rope_layers.get(str(layer))
         if not override:
             return self.rope
-        merged = dataclasses.asdict(self.rope) | dict(override)
+        base = dataclasses.asdict(self.rope)
+        # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
+        if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
+            base.update(dict.fromkeys(PLAN_KEYS))
+        merged = base | dict(override)
         return from_dict(RopeConfig, merged, f"model.rope_layers.{layer}")
 
     def validate(self) -> None:
@@ -146,7 +215,10 @@ class ModelConfig:
                 raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
         for layer in range(self.n_layer):
             key = "model.rope" if not self.rope_layers.get(layer) else f"model.rope_layers.{layer}"
-            self.rope_for_layer(layer).validate(self.head_size, key)
+            rope = self.rope_for_layer(layer)
+            rope.validate(self.head_size, key)
+            if rope.has_plan:
+                rope.validate_plan(self.head_size, key, self.kv_heads)
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "ModelConfig":

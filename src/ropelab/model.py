@@ -145,7 +145,7 @@ class Transformer(nn.Module):
             rope_config = config.rope_for_layer(layer)
             key = repr(dataclasses.astuple(rope_config))
             if key not in ropes:
-                ropes[key] = RotaryEmbedding(rope_config, config.head_size)
+                ropes[key] = RotaryEmbedding(rope_config, config.head_size, config.kv_heads)
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
