@@ -40,31 +40,63 @@ import numpy as np
 import torch
 from torch import nn
 
-from ropelab.config import RopeConfig, resolve_rotary_dims
+from ropelab.config import RopeConfig, RopeScalingConfig
 from ropelab.rope_cpu import available as cpu_kernel_available, rotate_ as cpu_rotate_, supports as cpu_supports
 from ropelab.rope_cpu import supports_positions as cpu_supports_positions
+from ropelab.rope_pairs import kept_pairs
+from ropelab.rope_scaling import attention_factor as scaling_attention_factor, length_dependent, scale_frequencies
+from ropelab.rope_scaling import spectrum_dims
 
 # (q, k, inverse) -> None: rotates the rotary channels of q and k in place (see `rotate_qk_`).
 Rotation = Callable[..., None]
 
 
 def inverse_frequencies(
-    rotary_dims: int, head_dim: int, theta: float, style: str = "slice"
+    rotary_dims: int, head_dim: int, theta: float, style: str = "slice", precision: str = "float64"
 ) -> torch.Tensor:
-    """Angular frequency of each rotated pair, shape (rotary_dims/2,), float64."""
+    """Angular frequency of each rotated pair, shape (rotary_dims/2,), float64. With `precision`
+    float32 they are computed in float32 as HF transformers does (and held as float64 of those values)."""
     denominator = rotary_dims if style == "slice" else head_dim
-    exponents = torch.arange(0, rotary_dims, 2, dtype=torch.float64) / denominator
-    return 1.0 / (float(theta) ** exponents)
+    dtype = torch.float32 if precision == "float32" else torch.float64
+    exponents = torch.arange(0, rotary_dims, 2, dtype=dtype) / denominator
+    return (1.0 / (float(theta) ** exponents)).to(torch.float64)
 
 
-def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * frequency, shape positions.shape + (rotary_dims/2,), float32.
+def layer_frequencies(config: RopeConfig, head_dim: int, kv_heads: int = 1, seq_len=None) -> torch.Tensor:
+    """Inverse frequencies of a layer's rotated pairs, float64: (rotary_dims/2,) when every head turns
+    alike, (kv_heads, r) when a selected-pair plan keeps other pairs in each KV head. A plan's pairs keep
+    their full-head frequencies ``theta^(-2i/head_dim)``. With `config.scaling` they are then scaled by
+    its method (`ropelab.rope_scaling`), dynamic NTK and LongRoPE at length `seq_len` (an int or a 0-d
+    tensor; None: the original context)."""
+    plan = kept_pairs(config, head_dim, kv_heads)
+    if plan is None:
+        inv_freq = inverse_frequencies(config.resolve_dims(head_dim), head_dim, config.theta, config.style,
+                                       config.angles)
+    else:
+        spectrum = inverse_frequencies(head_dim, head_dim, config.theta, "slice", config.angles)
+        per_head = spectrum[torch.tensor(plan, dtype=torch.long).reshape(kv_heads, -1)]  # (K, r)
+        inv_freq = per_head[0] if bool((per_head == per_head[:1]).all()) else per_head
+    if config.scaling is None:
+        return inv_freq
+    dim = spectrum_dims(config.resolve_dims(head_dim), head_dim, config.style, config.has_plan)
+    return scale_frequencies(inv_freq, dim, config.theta, config.scaling, seq_len)[0]
+
+
+def rope_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, precision: str = "float64"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * frequency, shape positions.shape + inv_freq.shape, float32.
 
     The product is formed and reduced modulo 2*pi in float64, so positions up to about 2^32
-    keep their angle exact to float32 precision (float32 angles lose it beyond 2^24 tokens)."""
-    angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=torch.float64)
+    keep their angle exact to float32 precision (float32 angles lose it beyond 2^24 tokens).
+    `precision` float32 forms it in float32 instead, as HF transformers does (for parity with it)."""
+    shape = positions.shape + inv_freq.shape
+    if precision == "float32":
+        angles = positions.to(torch.float32).reshape(-1, 1) * inv_freq.to(positions.device, torch.float32).reshape(1, -1)
+        return angles.cos().reshape(shape), angles.sin().reshape(shape)
+    angles = positions.to(torch.float64).reshape(-1, 1) * inv_freq.to(positions.device, torch.float64).reshape(1, -1)
     angles = torch.remainder(angles, 2 * math.pi)
-    return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+    return angles.cos().to(torch.float32).reshape(shape), angles.sin().to(torch.float32).reshape(shape)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
@@ -327,16 +359,29 @@ def _made_for(memo: Optional[tuple], position_ids: torch.Tensor) -> bool:
 class RotaryEmbedding(nn.Module):
     """RoPE for one layer setting: frequencies, an optional cos/sin table, and the rotation.
 
-    Layers whose settings are equal share one instance (see `Transformer`)."""
+    Layers whose settings are equal share one instance (see `Transformer`).
 
-    def __init__(self, config: RopeConfig, head_dim: int):
+    With `config.scaling` (`ropelab.rope_scaling`) the frequencies are the scaled ones and cos/sin
+    (table or on the fly) carry the attention factor, as HF's do. Dynamic NTK and LongRoPE depend on
+    the length L = largest position + 1 of each call: the frequencies (and the one table) are those
+    of the last call's L, recomputed only when L changes them: for dynamic NTK up to
+    original_max_position one table serves every length, beyond it each new L rebuilds the table
+    (0..L-1); LongRoPE keeps one table until L crosses original_max_position. Unlike HF, which keeps
+    the largest L seen until a call shorter than the original context resets it, the result of a
+    call depends on its own positions only."""
+
+    def __init__(self, config: RopeConfig, head_dim: int, kv_heads: int = 1):
         super().__init__()
         self.config = config
         self.head_dim = head_dim
+        self.kv_heads = kv_heads
         self.rotary_dims = config.resolve_dims(head_dim)
         self.layout = config.layout
         # Plain attributes, not buffers: `model.to(torch.bfloat16)` must not cast them.
-        self.inv_freq = inverse_frequencies(self.rotary_dims, head_dim, config.theta, config.style)
+        # (r,), or (kv_heads, r) for a plan whose KV heads keep different pairs (`per_head`).
+        self.inv_freq = layer_frequencies(config, head_dim, kv_heads)
+        self.attention_factor = scaling_attention_factor(config.scaling)
+        self._length_key = None  # what the length-dependent frequencies were made for (`_follow_length`)
         self.cos_table: Optional[torch.Tensor] = None
         self.sin_table: Optional[torch.Tensor] = None
         # None: in place when safe (training); True: also without grad (inference); False: never.
@@ -351,20 +396,56 @@ class RotaryEmbedding(nn.Module):
     def theta(self) -> float:
         return self.config.theta
 
+    @property
+    def per_head(self) -> bool:
+        """Whether KV heads turn at different frequencies (a selected-pair plan chosen per head)."""
+        return self.inv_freq.dim() == 2
+
     def set_theta(self, theta: float) -> None:
         """Switch RoPE base (e.g. between training phases); drops any cached table."""
         if not theta > 0:
             raise ValueError(f"rope theta must be > 0, got {theta}")
         self.config.theta = float(theta)
-        self.inv_freq = inverse_frequencies(self.rotary_dims, self.head_dim, theta, self.config.style)
+        self._refresh()
+
+    def set_scaling(self, scaling: Optional[RopeScalingConfig]) -> None:
+        """Switch context extension (a `RopeScalingConfig`, validated; None: off), e.g. YaRN for a
+        long-context training phase; drops any cached table."""
+        self.config.scaling = scaling
+        self._refresh()
+
+    def _refresh(self, seq_len: Optional[int] = None) -> None:
+        """Frequencies and attention factor from the config (at length `seq_len`, see `_follow_length`)."""
+        self.inv_freq = layer_frequencies(self.config, self.head_dim, self.kv_heads, seq_len)
+        self.attention_factor = scaling_attention_factor(self.config.scaling)
+        self._length_key = None
         self.cos_table = self.sin_table = None
         self._last = None
 
+    def _follow_length(self, position_ids: torch.Tensor) -> None:
+        """Dynamic NTK and LongRoPE: the frequencies of this call's length L (largest position + 1),
+        recomputed (and the table dropped) only when L changes them (see the class docstring)."""
+        length = self._range(position_ids)[1] + 1
+        scaling = self.config.scaling
+        original = scaling.original_max_position
+        key = max(length, original) if scaling.method == "dynamic" else length > original
+        if key != self._length_key:
+            self._refresh(length)
+            self._length_key = key
+
+    def _rope_angles(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rope_angles` times the attention factor: cos and sin of the rotated channels only, as HF scales them."""
+        cos, sin = rope_angles(positions, inv_freq, self.config.angles)
+        if self.attention_factor != 1:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
     def _table(self, needed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cos/sin table, grown to cover positions 0..needed-1; each (positions, rotary_dims/2)."""
+        """The cos/sin table, grown to cover positions 0..needed-1; each (positions, rotary_dims/2), or
+        (positions, kv_heads, rotary_dims/2) `per_head`."""
         if self.cos_table is None or self.cos_table.shape[0] < needed or self.cos_table.device != device:
             size = max(needed, 0 if self.cos_table is None else self.cos_table.shape[0])
-            self.cos_table, self.sin_table = rope_angles(torch.arange(size, device=device), self.inv_freq)
+            self.cos_table, self.sin_table = self._rope_angles(torch.arange(size, device=device), self.inv_freq)
         return self.cos_table, self.sin_table
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -373,37 +454,53 @@ class RotaryEmbedding(nn.Module):
             # Under torch.compile the table's data-dependent size (max position) would break the
             # graph; the angles of the positions themselves are the same numbers the table holds.
             return self._angles(position_ids)
+        if length_dependent(self.config.scaling):
+            self._follow_length(position_ids)
         if _made_for(self._last, position_ids):
             return self._last[2]
         cos_sin = self._cos_sin(position_ids)
         self._last = (weakref.ref(position_ids), position_ids._version, cos_sin)
         return cos_sin
 
+    def _heads_axis(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin (B, T, r/2) -> (B, 1, T, r/2); `per_head` (B, T, K, r/2) -> (B, K, T, r/2)."""
+        if self.per_head:
+            return cos.transpose(-3, -2), sin.transpose(-3, -2)
+        return cos.unsqueeze(-3), sin.unsqueeze(-3)
+
     def _angles(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope_angles(position_ids, self.inv_freq)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        inv_freq = self.inv_freq
+        if length_dependent(self.config.scaling) and torch.compiler.is_compiling():  # the length as a tensor
+            inv_freq = layer_frequencies(self.config, self.head_dim, self.kv_heads, position_ids.max() + 1)
+        return self._heads_axis(*self._rope_angles(position_ids, inv_freq))
 
     def _cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.config.cache == "none":
+        # Per-head plans form their few angles (kv_heads x r per token) on every call: a table per layer
+        # (plans differ by layer) would hold more than the source's one shared table.
+        if self.config.cache == "none" or self.per_head:
             return self._angles(position_ids)
         start = _shared_run_start(position_ids) if position_ids.device.type == "cpu" else None
         if start is not None:  # every row start, start + 1, ...: a slice of the table, no gather
             T = position_ids.shape[-1]
             cos_table, sin_table = self._table(start + T, position_ids.device)
-            return cos_table[start: start + T][None, None], sin_table[start: start + T][None, None]
+            return self._heads_axis(cos_table[start: start + T][None], sin_table[start: start + T][None])
         tables = self._tables_for(position_ids)
         if tables is None:  # a negative position (e.g. a left pad): no table row holds it, so form the angles
             return self._angles(position_ids)
-        return tables[0][position_ids].unsqueeze(1), tables[1][position_ids].unsqueeze(1)
+        return self._heads_axis(tables[0][position_ids], tables[1][position_ids])
 
     def _tables_for(self, position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The cos/sin tables grown to cover position_ids; None if a position is negative (no table
-        row holds it). The range check (one pass) runs once per position tensor, not once per layer."""
+        row holds it)."""
+        low, high = self._range(position_ids)
+        return None if low < 0 else self._table(high + 1, position_ids.device)
+
+    def _range(self, position_ids: torch.Tensor) -> tuple[int, int]:
+        """(smallest, largest) position; the check (one pass) runs once per position tensor, not once per layer."""
         if not _made_for(self._last_range, position_ids):
             low, high = torch.aminmax(position_ids)
             self._last_range = (weakref.ref(position_ids), position_ids._version, int(low), int(high))
-        low, high = self._last_range[2:]
-        return None if low < 0 else self._table(high + 1, position_ids.device)
+        return self._last_range[2:]
 
     def _kernel_rotation(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> Optional[Rotation]:
         """A rotation whose kernel takes each token's angles by its position, so that no cos/sin per
@@ -419,6 +516,8 @@ class RotaryEmbedding(nn.Module):
         else:
             return None
         if self.config.cache == "none":
+            if self.attention_factor != 1:  # the kernel forms cos/sin from the frequencies, without the factor
+                return None
             angles = {"inv_freq": self.inv_freq}
         else:
             tables = self._tables_for(position_ids)
@@ -453,6 +552,10 @@ class RotaryEmbedding(nn.Module):
         ``inplace = False`` always uses the reference."""
         if self.rotary_dims == 0:
             return q, k
+        if length_dependent(self.config.scaling) and not torch.compiler.is_compiling():
+            self._follow_length(position_ids)  # before a kernel reads the frequencies or the table
+        if self.per_head:
+            return self._rotate_per_head(q, k, position_ids)
         cos_sin = None
         if self.inplace is not False and not torch.compiler.is_compiling():
             force = bool(self.inplace)
@@ -470,14 +573,38 @@ class RotaryEmbedding(nn.Module):
             apply_partial_rope(k, cos, sin, self.rotary_dims, self.layout),
         )
 
+    def _rotate_per_head(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for KV heads of their own frequencies: each query head takes its KV group's angles.
+        In place (same rules as `forward`) with the eager rotation, else the reference."""
+        cos_k, sin_k = self.cos_sin(position_ids)  # (B or 1, K, T, r/2)
+        group = q.shape[1] // k.shape[1]
+        cos_q, sin_q = cos_k.repeat_interleave(group, dim=1), sin_k.repeat_interleave(group, dim=1)  # (., H, T, r/2)
+        r, layout = self.rotary_dims, self.layout
+        if self.inplace is not False and not torch.compiler.is_compiling():
+            def rotation(q: torch.Tensor, k: torch.Tensor, inverse: bool = False) -> None:
+                rotate_(q, cos_q, sin_q, r, layout, inverse)
+                rotate_(k, cos_k, sin_k, r, layout, inverse)
+
+            rotated = rotate_in_place(q, k, rotation, bool(self.inplace))
+            if rotated is not None:
+                return rotated
+        return apply_partial_rope(q, cos_q, sin_q, r, layout), apply_partial_rope(k, cos_k, sin_k, r, layout)
+
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.cos_table, self.sin_table) if t is not None)
+
+    def table_bytes(self, seq_len: int) -> int:
+        """Bytes the cos/sin table holds once positions 0..seq_len-1 have been seen (0: no table)."""
+        if self.config.cache == "none" or self.per_head:
+            return 0
+        return table_cache_bytes(seq_len, self.rotary_dims)
 
     def extra_repr(self) -> str:
         c = self.config
         return (
             f"rotary_dims={self.rotary_dims}/{self.head_dim} (fraction {self.rotary_dims / self.head_dim:.3f}), "
             f"theta={c.theta:g}, style={c.style}, layout={c.layout}, cache={c.cache}"
+            + (f", pairs={kept_pairs(c, self.head_dim, self.kv_heads)}" if c.has_plan else "")
         )
 
 

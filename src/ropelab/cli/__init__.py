@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ropelab.cli import data, evaluate, interchange, probe, study, train
+from ropelab.cli import convert, data, evaluate, interchange, probe, study, train
 from ropelab.cli.common import OVERRIDES_HELP, Command
 from ropelab.config import ConfigError
 from ropelab.errors import TrainingDiverged, WriteFailed
 
-COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *evaluate.COMMANDS,
-                           *data.COMMANDS, *probe.COMMANDS]
+COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *convert.COMMANDS,
+                           *evaluate.COMMANDS, *data.COMMANDS, *probe.COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line. key=value pairs after an option (``convert SOURCE --out DIR k=v``) join
+    the command's overrides: argparse fills a positional list once, before the options between."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not isinstance(getattr(args, "overrides", None), list) or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.handler(args)
     except ConfigError as exc:

@@ -49,11 +49,14 @@ def converted_run_config(model: ModelConfig, tokenizer_spec: str) -> RunConfig:
 
 
 def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str, record: dict,
-                   tokenizer: Optional[HFTokenizer] = None) -> Path:
+                   tokenizer: Optional[HFTokenizer] = None, files: Optional[dict[str, bytes]] = None) -> Path:
     """`out_dir` as a run directory holding `model` at step 0. `tokenizer`, when given, is saved as
-    `out_dir/tokenizer.json` and becomes data.tokenizer (`tokenizer_spec` is then ignored)."""
+    `out_dir/tokenizer.json` and becomes data.tokenizer (`tokenizer_spec` is then ignored). `files`
+    ({name: content}) are written beside them, inside the same all-or-nothing folder."""
     out = refuse_existing(out_dir)
     with new_folder(out) as tmp:
+        for name, content in (files or {}).items():
+            (tmp / name).write_bytes(content)
         spec = str(out.resolve() / TOKENIZER) if tokenizer is not None else tokenizer_spec
         if tokenizer is not None:
             tokenizer.tok.save(str(tmp / TOKENIZER))

@@ -9,7 +9,9 @@
   initial_weights(config)              (the source's state dict, a record of where it came from)
 
 Settings that do not change a weight's shape may differ from the source: RoPE theta, fraction,
-style and per-layer settings, attention backend, and everything outside `model`. A resumed run
+style and per-layer settings, attention backend, and everything outside `model`. A selected-pair
+plan (`model.rope.keep_pairs` / `select` / `pairs`) on a full-RoPE source converts its weights
+(`initial_weights`, `ropelab.sources.plans`). A resumed run
 reads its own checkpoints; `init_from` only seeds step 0.
 """
 
@@ -17,11 +19,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+from typing import Optional
 
-from ropelab.config import ConfigError, RunConfig, build_run_config, parse_override
+from ropelab.config import ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
+from ropelab.data.loader import PackedLoader
 from ropelab.data.tokenizer import load_tokenizer
+from ropelab.sources.calibrate import held_out_check, two_norm_scores
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
+from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
 
 # ModelConfig fields that decide the weights' names and shapes (the rest may differ from the source)
 SHAPE_KEYS = ("n_layer", "d_model", "n_head", "kv_heads", "head_size", "d_ff", "vocab_size", "block", "norm",
@@ -81,8 +88,21 @@ def check_init(config: RunConfig) -> None:
                           f"({s.tokenizer!r}); the weights' token ids would mean other tokens")
 
 
-def initial_weights(config: RunConfig) -> tuple[dict, dict]:
-    """(state dict of `train.init_from`'s model, {"source", "kind", "checkpoint"} for result.json)."""
+def converts(config: RunConfig, source: ModelConfig) -> bool:
+    """Whether starting `config` from `source` converts RoPE: the run asks for a selected-pair plan
+    (`ropelab.sources.plans`) in a layer where the source has none."""
+    return any(config.model.rope_for_layer(layer).has_plan and not source.rope_for_layer(layer).has_plan
+               for layer in range(config.model.n_layer))
+
+
+def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, PackedLoader]] = None) -> tuple[dict, dict]:
+    """(state dict of `train.init_from`'s model, {"source", "kind", "checkpoint"} for result.json).
+
+    When the run asks for a RoPE plan the source does not have (`converts`), the source's weights are
+    converted to it: a 2-norm plan is scored on `train.calibration_tokens` tokens of the run's training
+    data (`loaders` = its train and validation loaders) and written into `config.model` (so config.yaml
+    records the pairs chosen), and the record gains the loss and KL to the source right after
+    conversion on the validation windows the run evaluates on."""
     source = resolve(config.train.init_from)
     model = load(source).model
     if model.config.vocab_size != config.model.vocab_size:
@@ -90,7 +110,22 @@ def initial_weights(config: RunConfig) -> tuple[dict, dict]:
                           f"{model.config.vocab_size}; set model.vocab_size={model.config.vocab_size}")
     record = {"source": source.name, "kind": source.kind, "location": source.location,
               "checkpoint": str(source.checkpoint) if source.checkpoint else None}
-    return model.state_dict(), record
+    if not converts(config, model.config):
+        return model.state_dict(), record
+    if loaders is None:
+        raise ConfigError(f"{_key(source.name)}: converting to the run's RoPE plan needs its data loaders")
+    check_source(model.config, _key(source.name))
+    train_loader, val_loader = loaders
+    scores = None
+    if needs_scores(config.model):
+        windows = train_loader.sample_windows(0, math.ceil(config.train.calibration_tokens / train_loader.seq_len))
+        micro = config.train.micro_batch
+        scores = two_norm_scores(model, (train_loader.collate(windows[i: i + micro]) for i in range(0, len(windows), micro)))
+    plans, config.model = resolve_plans(config.model, scores)
+    converted = apply_plan(model, config.model, plans).eval()
+    windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
+    record["conversion"] = {"pairs": plans, **held_out_check(model, converted, val_loader.sequential(windows, config.train.micro_batch))}
+    return converted.state_dict(), record
 
 
-__all__ = ["run_config", "check_init", "initial_weights", "SHAPE_KEYS"]
+__all__ = ["run_config", "check_init", "initial_weights", "converts", "SHAPE_KEYS"]

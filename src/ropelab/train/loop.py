@@ -9,6 +9,7 @@ What a run directory holds is `ropelab.sources.runs`. The loss is an objective
 
 from __future__ import annotations
 
+import copy
 import errno
 import math
 import signal
@@ -23,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropelab.config import ConfigError, RunConfig
+from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
 from ropelab.data.loader import Batch, PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
@@ -258,6 +259,14 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: smaller than the tokenizer's {manifest['vocab_size']}")
     for phase in phases:
         phase.config.model.vocab_size = config.model.vocab_size
+    weights, init_record = None, None
+    if tc.init_from and latest is None:
+        # Before config.yaml is written: converting to a 2-norm plan writes the pairs chosen into config.model.
+        weights, init_record = initial_weights(config, loaders_for(phases[0])[:2])
+        for phase in phases:
+            phase.config.model.rope_layers = copy.deepcopy(config.model.rope_layers)
+            for key in PLAN_KEYS:
+                setattr(phase.config.model.rope, key, getattr(config.model.rope, key))
     if env.is_main and not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path.write_text(config.to_yaml())
@@ -266,10 +275,9 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
 
     torch.manual_seed(config.seed)
     model = Transformer(config.model)
-    init_record = None
-    if tc.init_from and latest is None:
-        weights, init_record = initial_weights(config)
+    if weights is not None:
         model.load_state_dict(weights)
+        del weights
     model = model.to(device)
     wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
     optimizer = build_optimizer(wrapped, tc)
@@ -338,6 +346,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
                     model.set_rope_theta(pc.model.rope.theta)
                     model.set_attention_backend(pc.attention.backend)
+                    model.set_activation_checkpointing(ptc.activation_checkpointing)
                 loader, val_loader, _ = loaders_for(phase)
                 tokens_per_step = ptc.global_batch * pc.data.seq_len
                 t0 = time.perf_counter()

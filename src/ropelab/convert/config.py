@@ -1,0 +1,82 @@
+"""Settings of `ropelab convert`: which pairs to keep, the calibration data and the held-out check."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ropelab.config import ConfigError, from_dict, parse_override, set_dotted
+from ropelab.rope_pairs import STRATEGIES
+
+
+@dataclass
+class PlanConfig:
+    """`keep_pairs` (r) of each KV head's head_dim/2 pairs, chosen by `select`: high, low, uniform,
+    2-norm (MHA2MLA's score on the calibration data) or ``list`` (`pairs`: one entry per layer, a list
+    of pair indices or one list per KV head)."""
+
+    keep_pairs: Optional[int] = None
+    select: str = "2-norm"
+    pairs: Optional[list] = None
+
+
+@dataclass
+class CalibrationConfig:
+    """Tokens of the training split of `corpus` (any corpus ropelab reads: stdlib or a prepared folder in
+    the source's tokenizer), in `seq_len` windows, sampled deterministically for `seed`."""
+
+    corpus: str = "stdlib"
+    tokens: int = 65_536
+    seq_len: int = 512
+    seed: int = 0
+
+
+@dataclass
+class HeldOutConfig:
+    """The check right after conversion: loss and KL to the source on the first `tokens` of the
+    calibration corpus's validation split."""
+
+    tokens: int = 16_384
+    seq_len: int = 512
+    micro_batch: int = 2
+
+
+@dataclass
+class ConvertConfig:
+    rope: PlanConfig = field(default_factory=PlanConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+
+    def validate(self, head_dim: int) -> None:
+        n_pairs = head_dim // 2
+        plan = self.rope
+        if plan.select not in (*STRATEGIES, "list"):
+            raise ConfigError(f"rope.select={plan.select!r}: unknown; choose one of {', '.join(STRATEGIES)}, list")
+        if plan.select == "list":
+            if plan.pairs is None:
+                raise ConfigError("rope.select=list: give the pairs as rope.pairs (one entry per layer)")
+        elif plan.pairs is not None:
+            raise ConfigError(f"rope.pairs: only with rope.select=list (rope.select={plan.select} chooses them)")
+        elif plan.keep_pairs is None:
+            raise ConfigError(f"rope.keep_pairs: required (how many of the {n_pairs} pairs per KV head to keep)")
+        elif isinstance(plan.keep_pairs, bool) or not 0 <= plan.keep_pairs <= n_pairs:
+            raise ConfigError(f"rope.keep_pairs={plan.keep_pairs}: must be an integer in 0..{n_pairs} "
+                              f"(head_dim {head_dim} has {n_pairs} pairs)")
+        for section in (self.calibration, self.eval):
+            name = "calibration" if section is self.calibration else "eval"
+            for key in ("tokens", "seq_len") + (("micro_batch",) if section is self.eval else ()):
+                if getattr(section, key) <= 0:
+                    raise ConfigError(f"{name}.{key}={getattr(section, key)}: must be > 0")
+
+
+def convert_config(tree: Optional[dict] = None, overrides=()) -> ConvertConfig:
+    """A ConvertConfig from a YAML dict and dotted key=value overrides (not yet validated: that needs
+    the source's head_dim)."""
+    tree = copy.deepcopy(tree) if tree else {}
+    for text in overrides:
+        set_dotted(tree, *parse_override(text))
+    return from_dict(ConvertConfig, tree)
+
+
+__all__ = ["ConvertConfig", "PlanConfig", "CalibrationConfig", "HeldOutConfig", "convert_config"]

@@ -1,0 +1,126 @@
+"""`ropelab convert`: a full-RoPE model turned into a selected-pair (partial RoPE) model folder.
+
+  convert_model(source, out_dir, overrides)   any model source -> a ropelab folder (config.yaml, a step-0
+                                              checkpoint, the tokenizer, import.json, convert.json and
+                                              pairs.png) that every command takes as a model source
+
+convert.json records the plan (per layer and KV head), the 2-norm scores when used, the held-out loss of
+source and converted model and the KL between them right after conversion, and what the plan saves: the
+share of RoPE's rotation work (it follows the kept pairs) and the cos/sin cache bytes at the model's
+context length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from ropelab.config import ConfigError, RunConfig
+from ropelab.convert.config import convert_config
+from ropelab.convert.report import pairs_heatmap
+from ropelab.data.loader import Batch, PackedLoader
+from ropelab.data.pipeline import build_loaders
+from ropelab.data.tokenizer import HFTokenizer
+from ropelab.files import refuse_existing
+from ropelab.model import Transformer
+from ropelab.sources.calibrate import held_out_check, two_norm_scores
+from ropelab.sources.imported import write_imported
+from ropelab.sources.loading import load, load_config
+from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans, target_config
+
+RECORD = "convert.json"
+HEATMAP = "pairs.png"
+
+
+def _loaders(config: RunConfig, corpus: str, seq_len: int, seed: int) -> tuple[PackedLoader, PackedLoader]:
+    """The corpus's train and validation loaders in the source's tokenizer (a mismatch is one line)."""
+    data = dataclasses.replace(config.data, corpus=corpus, seq_len=seq_len, positions="running", pack="cross",
+                               max_doc_len=None)
+    try:
+        train, val, _ = build_loaders(dataclasses.replace(config, data=data, seed=seed))
+    except ConfigError as exc:
+        raise ConfigError(f"calibration.corpus={corpus!r}: {exc}") from None
+    return train, val
+
+
+def _calibration_batches(loader: PackedLoader, tokens: int, micro_batch: int = 4) -> Iterable[Batch]:
+    windows = loader.sample_windows(0, math.ceil(tokens / loader.seq_len))
+    for start in range(0, len(windows), micro_batch):
+        yield loader.collate(windows[start: start + micro_batch])
+
+
+def savings(source: Transformer, converted: Transformer) -> dict:
+    """What the plan saves at the model's context length: rotated pairs (RoPE's rotation work follows
+    them) and the bytes of the fp32 cos/sin tables, every distinct layer setting counted once (plans
+    that differ by KV head keep no table: they form their angles per call)."""
+    def pairs_rotated(model: Transformer) -> int:
+        c = model.config
+        return sum(block.attn.rope.rotary_dims // 2 * (c.n_head + c.kv_heads) for block in model.blocks)
+
+    def cache(model: Transformer, seq_len: int) -> int:
+        return sum(rope.table_bytes(seq_len) for rope in model.ropes)
+
+    seq_len = source.config.max_seq_len
+    before, after = pairs_rotated(source), pairs_rotated(converted)
+    cache_before, cache_after = cache(source, seq_len), cache(converted, seq_len)
+    return {
+        "rotated_pairs": after, "rotated_pairs_source": before,
+        "rope_compute_saved": 1 - after / before,
+        "cache_seq_len": seq_len, "cache_bytes": cache_after, "cache_bytes_source": cache_before,
+        "cache_saved": 1 - cache_after / cache_before if cache_before else 0.0,
+    }
+
+
+def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional[dict] = None,
+                  log=print) -> dict:
+    """Convert `source` (any model source with full RoPE) to the plan of `overrides` (dotted keys of
+    `ConvertConfig`, e.g. ``rope.keep_pairs=4 rope.select=2-norm calibration.tokens=262144``) and write
+    the folder `out_dir`. Returns convert.json's content. Every check runs before any model is loaded
+    or anything is written; a ConfigError (one line) leaves nothing behind."""
+    started = time.perf_counter()
+    out = refuse_existing(out_dir)
+    settings = convert_config(tree, overrides)
+    source_config, found = load_config(source)
+    model_config = source_config.model
+    check_source(model_config, source)
+    settings.validate(model_config.head_size)
+    plan = settings.rope
+    calibration = settings.calibration
+    train, _ = _loaders(source_config, calibration.corpus, calibration.seq_len, calibration.seed)
+    _, val = _loaders(source_config, calibration.corpus, settings.eval.seq_len, calibration.seed)
+    target = target_config(model_config, plan.keep_pairs or 0, plan.select, plan.pairs)
+    loaded = load(found)
+    scores = None
+    if needs_scores(target):
+        log(f"calibrating on {calibration.tokens:,} tokens of {calibration.corpus}")
+        scores = two_norm_scores(loaded.model, _calibration_batches(train, calibration.tokens))
+    plans, new_config = resolve_plans(target, scores)
+    keep = len(plans[0][0])
+    converted = apply_plan(loaded.model, new_config, plans).eval()
+    log(f"kept {keep} of {model_config.head_size // 2} pairs per KV head ({plan.select}); checking on "
+        f"{settings.eval.tokens:,} held-out tokens")
+    windows = math.ceil(settings.eval.tokens / settings.eval.seq_len)
+    check = held_out_check(loaded.model, converted, val.sequential(windows, settings.eval.micro_batch))
+    record = {
+        "source": source, "kind": found.kind, "location": found.location,
+        "settings": dataclasses.asdict(settings), "keep_pairs": keep, "select": plan.select,
+        "pairs": plans, "scores": None if scores is None else [s.tolist() for s in scores],
+        **check, **savings(loaded.model, converted),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    tokenizer = loaded.tokenizer if isinstance(loaded.tokenizer, HFTokenizer) else None
+    files = {RECORD: json.dumps(record, indent=1).encode(),
+             HEATMAP: pairs_heatmap(plans, model_config.head_size // 2, f"{source}: {plan.select}, r = {keep}")}
+    write_imported(converted, out, loaded.config.data.tokenizer, {"source": source, "kind": found.kind,
+                   "converted": {"select": plan.select, "keep_pairs": keep}}, tokenizer, files)
+    log(f"loss {check['loss_source']:.4f} -> {check['loss_converted']:.4f} nats/token, KL to source "
+        f"{check['kl_to_source']:.4f}; RoPE work -{record['rope_compute_saved']:.1%}, cos/sin cache at "
+        f"{record['cache_seq_len']:,} tokens {record['cache_bytes_source']:,} -> {record['cache_bytes']:,} bytes")
+    return record | {"out_dir": str(out)}
+
+
+__all__ = ["convert_model", "savings", "RECORD", "HEATMAP"]
