@@ -129,3 +129,76 @@ def test_init_and_vocab_required():
     assert all(torch.equal(b.attn_norm.weight, torch.ones(32)) for b in model.blocks)
     with pytest.raises(ValueError, match="vocab_size"):
         Transformer(ModelConfig(**{**TINY, "vocab_size": None}))
+
+
+def _saved_activation_bytes(model: Transformer, ids: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter tensors autograd keeps for backward of the loss (what activation
+    checkpointing leaves saved outside its recomputed regions)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(ids, ids.roll(-1, dims=1))
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_activation_checkpointing_gives_the_same_loss_and_gradients_and_saves_less(block):
+    model = _randomize(_model(**BLOCKS[block])).train()
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(3))
+    results, saved = {}, {}
+    for mode in ("none", "mlp", "full"):
+        model.set_activation_checkpointing(mode)
+        model.zero_grad(set_to_none=True)
+        _, loss = model(ids, ids.roll(-1, dims=1))
+        loss.backward()
+        results[mode] = [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+        saved[mode] = _saved_activation_bytes(model, ids)
+    for mode in ("mlp", "full"):
+        assert all(torch.equal(a, b) for a, b in zip(results[mode], results["none"], strict=True)), mode
+    assert saved["none"] > saved["mlp"] > saved["full"] > 0
+
+
+def test_activation_checkpointing_leaves_a_kv_cache_and_no_grad_alone():
+    model = _randomize(_model())
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected, _ = model(ids)
+    model.set_activation_checkpointing("full")
+    cache = KVCache()
+    logits, _ = model(ids[:, :6], kv_cache=cache)  # grad enabled: a recomputation would append again
+    step, _ = model(ids[:, 6:], kv_cache=cache)
+    assert cache.get_seq_length() == 10
+    torch.testing.assert_close(torch.cat([logits, step], dim=1), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'blocks'.*none, mlp, full"):
+        model.set_activation_checkpointing("blocks")
+
+
+def test_the_trainer_applies_activation_checkpointing_and_resumes_exactly(tmp_path, tiny_overrides, monkeypatch):
+    """A run with train.activation_checkpointing=full, cut at step 4 and resumed, has the losses of an
+    uninterrupted run without it (the same gradients, bit for bit)."""
+    from ropelab.config import build_run_config
+    from ropelab.train import checkpoint as ckpt
+    from ropelab.train.loop import train
+    from ropelab.train.metrics import read_metrics
+
+    modes = []
+    original = Transformer.set_activation_checkpointing
+    monkeypatch.setattr(Transformer, "set_activation_checkpointing",
+                        lambda self, mode: (modes.append(mode), original(self, mode))[1])
+    train(build_run_config(overrides=tiny_overrides), tmp_path / "plain")
+    part = tmp_path / "part"
+    train(build_run_config(overrides=tiny_overrides + ["train.activation_checkpointing=full"]), part)
+    assert modes == ["none", "full"]
+    (ckpt.checkpoint_dir(part) / "step_00000008").rename(tmp_path / "dropped")  # as a crash after step 6 leaves it
+    (part / "result.json").unlink()
+    train(out_dir=part, resume=True)
+    assert modes == ["none", "full", "full"]
+    rows = [[(r["step"], r["loss"], r.get("val_loss")) for r in read_metrics(run)] for run in (tmp_path / "plain", part)]
+    assert rows[0] == rows[1] and len(rows[0]) == 8

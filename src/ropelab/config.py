@@ -38,6 +38,88 @@ def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optio
     return max(2, 2 * math.floor(fraction * head_dim / 2 + 1e-9))
 
 
+SCALING_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+
+
+@dataclass
+class RopeScalingConfig:
+    """Context extension of one layer's RoPE (`model.rope.scaling`), as transformers' rope types
+    compute it, on exactly the layer's rotated pairs (see `ropelab.rope_scaling` for the math):
+
+      - ``linear`` (position interpolation): every frequency / `factor`;
+      - ``ntk`` (static NTK-aware): theta -> theta * factor^(dim/(dim-2));
+      - ``dynamic`` (dynamic NTK): the same with a factor grown from the current length L,
+        ``factor * L / original_max_position - (factor - 1)``, only once L > `original_max_position`;
+      - ``yarn``: interpolation by `factor` for pairs that turn fewer than `beta_slow` times in
+        `original_max_position` tokens, none above `beta_fast` turns, a ramp between (`truncate`
+        rounds its ends to whole pairs); cos/sin times `attention_factor` (default from `factor`,
+        `mscale`, `mscale_all_dim` as in HF);
+      - ``llama3``: wavelengths above original/low_freq_factor divided by `factor`, below
+        original/high_freq_factor kept, smoothed between;
+      - ``longrope``: pair i divided by `short_factor[i]` up to `original_max_position` tokens and by
+        `long_factor[i]` beyond (one value per rotated pair); cos/sin times `attention_factor`
+        (default ``sqrt(1 + ln factor / ln original_max_position)``).
+    `factor` is the extension, target over original context length."""
+
+    method: Optional[Literal["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"]] = None
+    factor: Optional[float] = None
+    original_max_position: Optional[int] = None  # the context the model was trained at
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    attention_factor: Optional[float] = None
+    truncate: bool = True
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    short_factor: Optional[list] = None
+    long_factor: Optional[list] = None
+
+    def validate(self, rotary_dims: int, dim: int, theta: float, key: str) -> None:
+        """`rotary_dims`: the layer's rotated channels; `dim`: the exponent denominator of the spectrum
+        its pairs come from (rotary_dims for `slice`, head_dim for `truncate` and selected pairs)."""
+        method = self.method
+        if method is None:
+            raise ConfigError(f"{key}.method: required; one of {', '.join(SCALING_METHODS)}")
+        if rotary_dims == 0:
+            raise ConfigError(f"{key}.method={method}: the layer is NoPE (rotary_dims 0), nothing to scale; "
+                              "remove the scaling (for a NoPE layer of model.rope_layers set scaling: null)")
+        if method != "longrope" and not (self.factor is not None and self.factor > 1 and math.isfinite(self.factor)):
+            raise ConfigError(f"{key}.factor={self.factor}: must be a finite number > 1 for {method} "
+                              "(the context extension, target / original length)")
+        if method == "longrope" and self.factor is not None and not (1 <= self.factor < math.inf):
+            raise ConfigError(f"{key}.factor={self.factor}: must be a finite number >= 1 for longrope")
+        if method == "longrope" and self.factor is None and self.attention_factor is None:
+            raise ConfigError(f"{key}.factor: required for longrope (target / original length, which sets "
+                              f"the attention factor) unless {key}.attention_factor is given")
+        if method in ("dynamic", "yarn", "llama3", "longrope") and not (
+                isinstance(self.original_max_position, int) and self.original_max_position > 0):
+            raise ConfigError(f"{key}.original_max_position={self.original_max_position}: must be an integer > 0 "
+                              f"for {method} (the context length the model was trained at)")
+        if method in ("ntk", "dynamic", "yarn") and not theta > 1:
+            raise ConfigError(f"{key}.method={method}: needs theta > 1 (got {theta}); it works on log(theta)")
+        if method in ("ntk", "dynamic") and dim <= 2:
+            raise ConfigError(f"{key}.method={method}: needs a spectrum of at least 4 channels (its exponent "
+                              f"dim/(dim-2) is infinite at dim {dim}); rotate more channels or use yarn")
+        if self.attention_factor is not None and not (0 < self.attention_factor < math.inf):
+            raise ConfigError(f"{key}.attention_factor={self.attention_factor}: must be a finite number > 0")
+        if method == "yarn" and not (0 < self.beta_slow < self.beta_fast < math.inf):
+            raise ConfigError(f"{key}.beta_fast={self.beta_fast}: must be > beta_slow={self.beta_slow} > 0 "
+                              "(turns in the original context: pairs above beta_fast keep their frequency)")
+        if method == "llama3" and not (0 < self.low_freq_factor < self.high_freq_factor < math.inf):
+            raise ConfigError(f"{key}.high_freq_factor={self.high_freq_factor}: must be > "
+                              f"low_freq_factor={self.low_freq_factor} > 0")
+        if method == "longrope":
+            for name in ("short_factor", "long_factor"):
+                values = getattr(self, name)
+                if not isinstance(values, list) or not all(
+                        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
+                    raise ConfigError(f"{key}.{name}={values!r}: must be a list of numbers > 0, one per rotated pair")
+                if len(values) != rotary_dims // 2:
+                    raise ConfigError(f"{key}.{name}: {len(values)} values but the layer rotates {rotary_dims // 2} "
+                                      f"pairs (rotary_dims/2 = {rotary_dims}/2); give one per rotated pair")
+
+
 # RopeConfig fields of a selected-pair plan
 PLAN_KEYS = ("keep_pairs", "select", "pairs")
 
@@ -87,6 +169,7 @@ class RopeConfig:
     keep_pairs: Optional[int] = None
     select: Optional[Literal["high", "low", "uniform", "2-norm"]] = None
     pairs: Optional[list] = None
+    scaling: Optional[RopeScalingConfig] = None  # context extension (linear, ntk, dynamic, yarn, llama3, longrope)
 
     @property
     def has_plan(self) -> bool:
@@ -114,6 +197,9 @@ class RopeConfig:
             raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
         if self.has_plan:
             self.validate_plan(head_dim, key)
+        if self.scaling is not None:  # the spectrum's denominator: rotary_dims (slice) or head_dim
+            dim = head_dim if self.style == "truncate" or self.has_plan else self.resolve_dims(head_dim)
+            self.scaling.validate(self.resolve_dims(head_dim), dim, self.theta, f"{key}.scaling")
 
     def validate_plan(self, head_dim: int, key: str, kv_heads: Optional[int] = None) -> None:
         """The selected-pair settings; `kv_heads` (when known) checks a per-head `pairs` list's length."""
@@ -327,7 +413,8 @@ class PhaseConfig:
     """One stage of a multi-phase run (e.g. the distillation seed's short-context phase, then the
     long-context one). `overrides` are dotted keys applied to the run's config for this phase:
     data.*, attention.*, train.* (optimiser and schedule; the LR schedule restarts at each phase),
-    model.rope.theta and model.max_seq_len. Weights and optimizer state carry over."""
+    model.rope.theta, model.rope.scaling (and its sub-keys: switch context extension on, or change its
+    factor) and model.max_seq_len. Weights and optimizer state carry over."""
 
     name: str = ""
     steps: Optional[int] = None
@@ -336,7 +423,7 @@ class PhaseConfig:
 
     FIXED_KEYS = ("seed", "train.steps", "train.phases", "train.parallel", "train.device", "train.data_parallel",
                   "data.tokenizer", "distill.teacher")
-    MODEL_KEYS = ("model.rope.theta", "model.max_seq_len")
+    MODEL_KEYS = ("model.rope.theta", "model.rope.scaling", "model.max_seq_len")
 
     def validate(self, key: str) -> None:
         if (self.steps is None) == (self.tokens is None):
@@ -345,10 +432,11 @@ class PhaseConfig:
         if count <= 0:
             raise ConfigError(f"{key}.{'steps' if self.steps is not None else 'tokens'}={count}: must be > 0")
         for name in self.overrides:
-            if name in self.FIXED_KEYS or (name.startswith("model.") and name not in self.MODEL_KEYS):
+            allowed = name in self.MODEL_KEYS or name.startswith("model.rope.scaling.")
+            if name in self.FIXED_KEYS or (name.startswith("model.") and not allowed):
                 raise ConfigError(
                     f"{key}.overrides.{name}: fixed for the whole run; a phase may change data.*, attention.*, "
-                    f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)}"
+                    f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)} (and its sub-keys)"
                 )
 
 
@@ -364,6 +452,10 @@ class TrainConfig:
     lr: float = 4e-4
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.05
+    # cosine: warm-up, then cosine decay to lr * min_lr_ratio; wsd (warmup-stable-decay): warm-up, constant
+    # lr, then 1 - sqrt decay to lr * min_lr_ratio over the last decay_fraction of the steps
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    decay_fraction: float = 0.1
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -381,6 +473,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 1
     compile: bool = False
+    # Recompute activations in backward instead of keeping them: none, mlp (each block's norm + MLP) or
+    # full (each whole block); less memory for more time (BENCHMARKS.md, "Real model")
+    activation_checkpointing: Literal["none", "mlp", "full"] = "none"
     progress: bool = True
     tensorboard: bool = True  # event files in <run>/tensorboard when the tensorboard package is installed
     # Data-parallel ranks the run is planned for (None: the launched world size). The global
@@ -401,10 +496,16 @@ class TrainConfig:
     # Checksums of every file a checkpoint load reads (always), or their sizes only (cheap; see
     # `ropelab.train.integrity` for the measured cost per GB)
     verify_checkpoints: Literal["always", "sizes"] = "always"
+    # With init_from a full-RoPE source and a 2-norm plan in model.rope: tokens of the run's training data
+    # whose query/key pair norms choose the pairs (MHA2MLA's calibration)
+    calibration_tokens: int = 65_536
 
     def validate(self) -> None:
-        for key in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
-                    "log_every", "max_bad_steps", "spike_window"):
+        if self.steps < 0 or (self.steps == 0 and not self.init_from) or (self.steps == 0 and self.phases):
+            raise ConfigError(f"train.steps={self.steps}: must be > 0 (0 only with train.init_from and no phases: "
+                              "the source's weights, converted where the run asks, are evaluated and saved)")
+        for key in ("micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
+                    "log_every", "max_bad_steps", "spike_window", "calibration_tokens"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
         if self.data_parallel is not None and self.data_parallel <= 0:
@@ -415,6 +516,11 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
         if not (0 <= self.warmup_fraction < 1):
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1)")
+        if not (0 < self.decay_fraction <= 1):
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]")
+        if self.schedule == "wsd" and self.warmup_fraction + self.decay_fraction > 1:
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: with train.warmup_fraction="
+                              f"{self.warmup_fraction}, warm-up and decay exceed the run (their sum must be <= 1)")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints}: must be >= 1")
         if self.spike_factor is not None and self.spike_factor <= 1:

@@ -7,15 +7,20 @@ S tokens held by a key/value cache (generation), before this forward's T.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
 from ropelab.config import ModelConfig
+from ropelab.layers import rms_norm, swiglu
 from ropelab.rope import RotaryEmbedding
+
+CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
 
 
 class RMSNorm(nn.Module):
@@ -25,10 +30,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # weight * (x * rsqrt(mean(x^2) + eps)) in fp32, rounded to x's dtype before the weight;
+        # autograd keeps only x and rstd (ropelab.layers)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def make_norm(config: ModelConfig, dim: int) -> nn.Module:
@@ -104,8 +108,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.swiglu:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.swiglu:  # silu(gate) * up, keeping only gate and up for backward (ropelab.layers)
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # (B, T, F) -> (B, T, C)
         return self.down_proj(F.gelu(self.up_proj(x)))
 
 
@@ -117,6 +121,10 @@ class Block(nn.Module):
         self.attn = Attention(config, rope, layer)
         self.mlp_norm = make_norm(config, config.d_model)
         self.mlp = MLP(config)
+        # Activation checkpointing: "mlp" keeps only the input of mlp(mlp_norm(x)) for backward and
+        # runs it again there; "full" does that with the whole block. Only while gradients are recorded
+        # and without a KV cache (recomputing would append to it again).
+        self.checkpointing = "none"
 
     def forward(
         self,
@@ -125,10 +133,20 @@ class Block(nn.Module):
         doc_ids: Optional[torch.Tensor],
         kv_cache: Optional[KVCache] = None,
     ) -> torch.Tensor:
+        recompute = self.checkpointing if torch.is_grad_enabled() and kv_cache is None else "none"
+        if recompute == "full":
+            return checkpoint(self._forward, x, position_ids, doc_ids, None, "none", use_reentrant=False)
+        return self._forward(x, position_ids, doc_ids, kv_cache, recompute)
+
+    def _forward(self, x, position_ids, doc_ids, kv_cache, recompute: str) -> torch.Tensor:
+        mlp = functools.partial(checkpoint, self._mlp, use_reentrant=False) if recompute == "mlp" else self._mlp
         if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache) + self.mlp(self.mlp_norm(x))
+            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache) + mlp(x)
         x = x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + mlp(x)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
@@ -225,6 +243,14 @@ class Transformer(nn.Module):
     def set_attention_backend(self, backend: str) -> None:
         for block in self.blocks:
             block.attn.backend = backend
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """none, mlp (recompute each block's MLP and its norm in backward) or full (each whole block):
+        less memory for activations, for the time of running that part of the forward again."""
+        if mode not in CHECKPOINTING:
+            raise ValueError(f"activation checkpointing {mode!r}: must be one of {', '.join(CHECKPOINTING)}")
+        for block in self.blocks:
+            block.checkpointing = mode
 
     def rope_cache_bytes(self) -> int:
         """Bytes held by every cos/sin cache of the model, exact to the byte."""

@@ -19,3 +19,13 @@ def smollm2_folder(tmp_path_factory, ropelab_cache):
     out = tmp_path_factory.mktemp("smollm2") / "smollm2"
     import_model("smollm2-135m", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(smollm2_folder, tmp_path_factory):
+    """Read-only: `ropelab export` of the imported real model (a native LlamaForCausalLM folder)."""
+    from ropelab.export.hf import export_hf
+
+    out = tmp_path_factory.mktemp("smollm2-hf") / "hf"
+    export_hf(smollm2_folder, out)
+    return out

@@ -1,14 +1,17 @@
-"""build_optimizer: fused AdamW where torch supports it, with the same update as the unfused one."""
+"""build_optimizer: fused AdamW where torch supports it, with the same update as the unfused one; lr_at: the
+cosine and warmup-stable-decay schedules, their boundaries, and their restart in each phase."""
 
 from __future__ import annotations
 
 import copy
+import math
 
+import pytest
 import torch
 
-from ropelab.config import ModelConfig, TrainConfig
+from ropelab.config import ConfigError, ModelConfig, TrainConfig, build_run_config
 from ropelab.model import Transformer
-from ropelab.train.optim import build_optimizer, fused_supported
+from ropelab.train.optim import build_optimizer, fused_supported, lr_at
 
 
 def test_fused_adamw_takes_the_unfused_step():
@@ -36,3 +39,71 @@ def test_fused_only_for_plain_float_tensors():
     assert fused_supported([torch.zeros(2, requires_grad=True)])
     assert not fused_supported([])
     assert not fused_supported([torch.zeros(2, device="meta")])
+
+
+def test_wsd_values_at_the_phase_boundaries():
+    config = TrainConfig(steps=100, lr=1.0, min_lr_ratio=0.1, warmup_fraction=0.05, schedule="wsd", decay_fraction=0.2)
+    assert [lr_at(step, config) for step in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]  # warm-up: 5 steps
+    assert {lr_at(step, config) for step in range(5, 81)} == {1.0}  # stable, and the first step of the decay
+    assert lr_at(81, config) == pytest.approx(1 - 0.9 * math.sqrt(1 / 20), rel=1e-12)
+    assert lr_at(90, config) == pytest.approx(1 - 0.9 * math.sqrt(0.5), rel=1e-12)
+    assert lr_at(99, config) == pytest.approx(1 - 0.9 * math.sqrt(19 / 20), rel=1e-12)
+    assert lr_at(100, config) == lr_at(150, config) == 0.1  # the end and past it: the floor
+    no_warmup = TrainConfig(steps=10, lr=2.0, min_lr_ratio=0.0, warmup_fraction=0.0, schedule="wsd", decay_fraction=0.5)
+    assert [lr_at(step, no_warmup) for step in range(6)] == [2.0] * 6 and lr_at(10, no_warmup) == 0.0
+    assert lr_at(5, no_warmup, total_steps=20) == 2.0 and lr_at(15, no_warmup, total_steps=20) < 2.0
+
+
+def test_cosine_is_the_default_and_unchanged():
+    config = TrainConfig(steps=100, lr=1.0, min_lr_ratio=0.1, warmup_fraction=0.1)
+    assert config.schedule == "cosine" and config.decay_fraction == 0.1
+    assert lr_at(9, config) == 1.0 and lr_at(10, config) == 1.0
+    assert lr_at(55, config) == pytest.approx(0.55, rel=1e-12) and lr_at(100, config) == pytest.approx(0.1, rel=1e-12)
+    assert lr_at(95, config) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 85 / 90)), rel=1e-12)
+
+
+@pytest.mark.parametrize("steps, warmup, decay", [(1, 0.0, 0.1), (3, 0.34, 0.5), (7, 0.05, 0.1), (200, 0.05, 0.1),
+                                                  (50, 0.0, 1.0), (64, 0.5, 0.5)])
+def test_wsd_rises_holds_then_falls_to_the_floor(steps, warmup, decay):
+    config = TrainConfig(steps=steps, lr=3e-4, min_lr_ratio=0.1, warmup_fraction=warmup, schedule="wsd",
+                         decay_fraction=decay)
+    config.validate()
+    lrs = [lr_at(step, config) for step in range(steps + 1)]
+    top = lrs.index(max(lrs))
+    assert max(lrs) == 3e-4 and all(lr >= 3e-4 * 0.1 for lr in lrs[top:])
+    assert all(a <= b for a, b in zip(lrs[:top], lrs[1:top + 1]))  # warm-up
+    assert all(a >= b for a, b in zip(lrs[top:], lrs[top + 1:]))  # stable, then the decay
+    assert lrs[-1] == 3e-4 * 0.1 and lrs[-2] > lrs[-1]  # a decay of at least one step
+
+
+def test_wsd_restarts_in_each_phase(tmp_path, tiny_overrides):
+    from ropelab.train.loop import train
+    from ropelab.train.metrics import read_metrics
+
+    phases = {"train": {"schedule": "wsd", "decay_fraction": 0.5, "warmup_fraction": 0.25, "phases": [
+        {"name": "a", "steps": 4}, {"name": "b", "steps": 4, "overrides": {"train.lr": 1e-3}}]}}
+    config = build_run_config(phases, overrides=tiny_overrides + ["train.eval_every=100"])
+    train(config, tmp_path / "run")
+    lr = [row["lr"] for row in read_metrics(tmp_path / "run")]
+    # each phase of 4 steps: 1 warm-up step, 1 stable, 2 of decay (1 - sqrt(0), 1 - sqrt(1/2)) towards 10%
+    decayed = 1 - 0.9 * math.sqrt(0.5)
+    assert lr == pytest.approx([3e-3, 3e-3, 3e-3, 3e-3 * decayed, 1e-3, 1e-3, 1e-3, 1e-3 * decayed], rel=1e-12)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.schedule=linear", "train.schedule='linear': must be one of 'cosine', 'wsd'"),
+    ("train.decay_fraction=0", "train.decay_fraction=0.0: must be in (0, 1]"),
+    ("train.decay_fraction=1.5", "train.decay_fraction=1.5: must be in (0, 1]"),
+])
+def test_bad_schedule_settings_name_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        build_run_config(overrides=[override])
+    assert str(info.value) == message
+
+
+def test_wsd_warmup_and_decay_must_fit_in_the_run():
+    overrides = ["train.schedule=wsd", "train.warmup_fraction=0.5", "train.decay_fraction=0.6"]
+    with pytest.raises(ConfigError, match=r"^train.decay_fraction=0.6: with train.warmup_fraction=0.5, .* <= 1\)$"):
+        build_run_config(overrides=overrides)
+    build_run_config(overrides=overrides[:2] + ["train.decay_fraction=0.5"])
+    build_run_config(overrides=["train.warmup_fraction=0.5", "train.decay_fraction=0.6"])  # cosine ignores it

@@ -14,6 +14,13 @@ Only exact equivalences convert; anything else raises a ValueError naming every 
 "Full RoPE" means rotary_dims == head_dim, where `slice` and `truncate` give the same frequencies.
 The rotation layout must be `half` (rotate_half); the cos/sin cache mode does not change the math.
 
+RoPE scaling (`rope.scaling`) travels as HF's rope types (transformers 5 `rope_parameters`, 4.x
+`rope_scaling`): linear, dynamic, yarn, llama3 and longrope both ways, on Llama and Qwen3; GPT-NeoX
+exports linear and dynamic. Static NTK (`ntk`, no HF rope type) is a change of base, so it exports
+as the default rope type at the base it amounts to. HF's dynamic NTK grows from
+max_position_embeddings: it imports as the original context, and a dynamic model exports with
+max_position_embeddings = its original_max_position.
+
 Shapes: C d_model, H query heads, K key/value heads, D head_dim, F d_ff, V vocab.
 """
 
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ropelab.config import ModelConfig, RopeConfig
+from ropelab.config import ModelConfig, RopeConfig, RopeScalingConfig
 from ropelab.model import Transformer
 
 # ------------------------------------------------------------------ name tables
@@ -85,6 +92,7 @@ class _Arch:
     qk_norm: bool = False
     fused_qkv: bool = False  # GPT-NeoX: one query_key_value matrix, no GQA, head_dim = C / H
     partial_rope: bool = False  # rotary_pct / partial_rotary_factor is honoured
+    scalings: tuple = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")  # rope.scaling methods exported
     absent_zero: tuple = ()  # ropelab parameter suffixes the HF class lacks (they are zero there)
 
 
@@ -97,8 +105,20 @@ _ARCHS: dict[str, _Arch] = {  # keyed by HF config.model_type
                    _LLAMA_MODULES, attn_bias=(None, True), absent_zero=("attn.o_proj.bias",)),  # import only
     "gpt_neox": _Arch("GPTNeoXForCausalLM", "GPTNeoXConfig", "layernorm", "gelu", "gelu", "layer_norm_eps",
                       _NEOX_MODULES, attn_bias=("attention_bias", True), mlp_bias=(None, True),
-                      fused_qkv=True, partial_rope=True),
+                      fused_qkv=True, partial_rope=True, scalings=("linear", "ntk", "dynamic")),
 }
+
+# RopeScalingConfig fields that each HF rope type reads (dynamic's original context is HF's
+# max_position_embeddings, see the module docstring), and their HF names.
+_SCALING_FIELDS = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "attention_factor", "truncate"),
+    "llama3": ("factor", "original_max_position", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("factor", "original_max_position", "attention_factor", "short_factor", "long_factor"),
+}
+_HF_NAME = {"original_max_position": "original_max_position_embeddings"}
 
 
 def _transformers():
@@ -155,7 +175,21 @@ def _rope_obstacles(config: ModelConfig, arch: _Arch) -> list[str]:
         why.append(f"rotary_dims={rotary_dims} of head_dim={D}: {arch.model_class} rotates every channel")
     if 0 < rotary_dims < D and rope.style != "slice":
         why.append(f"rope.style={rope.style}: GPT-NeoX partial RoPE uses slice frequencies theta^(-2i/rotary_dims)")
+    if rope.scaling is not None and rope.scaling.method not in arch.scalings:
+        why.append(f"rope.scaling.method={rope.scaling.method}: exported natively as {arch.model_class} only for "
+                   f"{', '.join(arch.scalings)}")
     return why
+
+
+def _hf_scaling(rope: RopeConfig, rotary_dims: int) -> tuple[float, dict]:
+    """(HF rope_theta, HF rope type fields) of the layer's RoPE; static NTK becomes its base."""
+    scaling = rope.scaling
+    if scaling is None:
+        return rope.theta, {"rope_type": "default"}
+    if scaling.method == "ntk":  # theta * factor^(dim/(dim-2)), dim the rotated channels (slice or full RoPE)
+        return rope.theta * scaling.factor ** (rotary_dims / (rotary_dims - 2)), {"rope_type": "default"}
+    fields = {_HF_NAME.get(name, name): getattr(scaling, name) for name in _SCALING_FIELDS[scaling.method]}
+    return rope.theta, {"rope_type": scaling.method} | {k: v for k, v in fields.items() if v is not None}
 
 
 def _rotary_pct(rotary_dims: int, head_dim: int) -> float:
@@ -166,16 +200,17 @@ def _rotary_pct(rotary_dims: int, head_dim: int) -> float:
     return pct
 
 
-def _rope_kwargs(config_cls: type, arch: _Arch, theta: float, pct: float) -> dict:
-    """RoPE keywords: transformers 5 `rope_parameters`, or the 4.x flat fields."""
+def _rope_kwargs(config_cls: type, arch: _Arch, theta: float, pct: float, scaling: dict) -> dict:
+    """RoPE keywords: transformers 5 `rope_parameters`, or the 4.x flat fields (with `rope_scaling`)."""
     if hasattr(config_cls, "rope_parameters"):
-        params = {"rope_type": "default", "rope_theta": theta}
+        params = scaling | {"rope_theta": theta}
         if arch.partial_rope:
             params["partial_rotary_factor"] = pct
         return {"rope_parameters": params}
+    flat = {} if scaling["rope_type"] == "default" else {"rope_scaling": scaling}
     if arch.partial_rope:  # transformers 4.x GPTNeoXConfig
-        return {"rotary_emb_base": theta, "rotary_pct": pct}
-    return {"rope_theta": theta}
+        return flat | {"rotary_emb_base": theta, "rotary_pct": pct}
+    return flat | {"rope_theta": theta}
 
 
 def hf_config_for(config: ModelConfig):
@@ -192,15 +227,19 @@ def hf_config_for(config: ModelConfig):
         kwargs["use_parallel_residual"] = config.block == "parallel"
     else:
         kwargs |= {"num_key_value_heads": config.kv_heads, "head_dim": D}
-    kwargs |= _rope_kwargs(config_cls, arch, rope.theta, _rotary_pct(rope.resolve_dims(D), D))
+    theta, scaling = _hf_scaling(rope, rope.resolve_dims(D))
+    kwargs |= _rope_kwargs(config_cls, arch, theta, _rotary_pct(rope.resolve_dims(D), D), scaling)
+    if scaling["rope_type"] == "dynamic":  # HF's dynamic NTK grows beyond max_position_embeddings
+        kwargs["max_position_embeddings"] = rope.scaling.original_max_position
     return config_cls(**kwargs)
 
 
 # ------------------------------------------------------------------ HF -> ropelab config
 
 
-def _read_rope(hf_config) -> tuple[float, float]:
-    """(theta, partial rotary fraction) from a transformers 5 `rope_parameters` or 4.x flat fields."""
+def _read_rope(hf_config) -> tuple[float, float, RopeScalingConfig | None]:
+    """(theta, partial rotary fraction, scaling) from a transformers 5 `rope_parameters` or 4.x flat
+    fields (`rope_scaling`)."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     if params and all(isinstance(v, dict) for v in params.values()):  # nested per layer type
         distinct = {repr(sorted(v.items())) for v in params.values()}
@@ -209,14 +248,35 @@ def _read_rope(hf_config) -> tuple[float, float]:
         params = next(iter(params.values()))
     scaling = getattr(hf_config, "rope_scaling", None) or {}  # transformers 4.x
     rope_type = params.get("rope_type", params.get("type")) or scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"{hf_config.model_type}: rope_type={rope_type!r} (RoPE scaling) has no ropelab equivalent")
+    if rope_type != "default" and rope_type not in _SCALING_FIELDS:
+        raise ValueError(f"{hf_config.model_type}: rope_type={rope_type!r} has no ropelab equivalent "
+                         f"(ropelab reads default, {', '.join(_SCALING_FIELDS)})")
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
     theta = theta or getattr(hf_config, "rotary_emb_base", None)  # transformers 4.x GPT-NeoX
     pct = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
     if pct is None:
         pct = getattr(hf_config, "rotary_pct", 1.0)
-    return float(theta if theta is not None else 10_000.0), float(pct)
+    extension = None if rope_type == "default" else _read_scaling(rope_type, scaling | params, hf_config)
+    return float(theta if theta is not None else 10_000.0), float(pct), extension
+
+
+def _read_scaling(rope_type: str, fields: dict, hf_config) -> RopeScalingConfig:
+    """The RopeScalingConfig of an HF rope type, with the defaults HF's own functions fill in."""
+    values = {name: fields[_HF_NAME.get(name, name)] for name in _SCALING_FIELDS[rope_type]
+              if fields.get(_HF_NAME.get(name, name)) is not None}
+    max_positions = hf_config.max_position_embeddings
+    if rope_type == "dynamic":
+        values["original_max_position"] = max_positions
+    elif "original_max_position" not in values:
+        values["original_max_position"] = getattr(hf_config, "original_max_position_embeddings", None) or max_positions
+    if rope_type in ("yarn", "longrope") and "factor" not in values:  # HF: the ratio of the two lengths
+        values["factor"] = max_positions / values["original_max_position"]
+    for beta in ("beta_fast", "beta_slow"):  # HF reads `beta or default`: 0 is the default too
+        if not values.get(beta, True):
+            del values[beta]
+    values["factor"] = float(values["factor"]) if "factor" in values else None
+    values["original_max_position"] = int(values["original_max_position"])
+    return RopeScalingConfig(method=rope_type, **values)
 
 
 def _arch_of(hf_config) -> _Arch:
@@ -238,7 +298,7 @@ def model_config_from_hf(hf_config) -> ModelConfig:
         )
     if "sliding_attention" in (get("layer_types") or []):
         raise ValueError(f"{arch.model_class}: sliding-window layers have no ropelab equivalent")
-    theta, pct = _read_rope(hf_config)
+    theta, pct, scaling = _read_rope(hf_config)
     C, H = hf_config.hidden_size, hf_config.num_attention_heads
     D = C // H if arch.fused_qkv else (get("head_dim") or C // H)
     rotary_dims = int(D * pct) if arch.partial_rope else D
@@ -260,7 +320,7 @@ def model_config_from_hf(hf_config) -> ModelConfig:
         norm_eps=get(arch.eps_field),
         mlp=arch.mlp,
         qk_norm=arch.qk_norm,
-        rope=RopeConfig(fraction=rotary_dims / D, rotary_dims=rotary_dims, theta=theta),
+        rope=RopeConfig(fraction=rotary_dims / D, rotary_dims=rotary_dims, theta=theta, scaling=scaling),
         **flags,
     )
 

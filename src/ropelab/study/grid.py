@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
+from ropelab.sources.init import run_config
 from ropelab.train.phases import resolve_phases
 
 
@@ -94,7 +95,10 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
             for key, value in overrides.items():
                 set_dotted(tree, key, value)
             try:
-                config = build_run_config(tree)
+                source = (tree.get("train") or {}).get("init_from")
+                referenced = isinstance(source, str) and source.startswith("@")  # a run of this study, not made yet
+                # with train.init_from a source: its shape and tokenizer are the defaults
+                config = build_run_config(tree) if referenced else run_config(tree)
                 resolve_phases(config)  # phase overrides are checked now, not when the run starts
             except ConfigError as exc:
                 raise ConfigError(f"run {run_id}: {exc}") from None

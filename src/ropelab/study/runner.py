@@ -116,7 +116,7 @@ def _overview(states: list[RunState], study_dir: Path):
         last = rows[-1] if rows else {}
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
         table.add_row(s.run.id, f"[{style[s.status]}]{s.status}", f"{last.get('step', 0)}/{resolve_phases(s.run.config)[-1].end}",
-                      f"{last['loss']:.3f}" if last else "", f"{vals[-1]:.3f}" if vals else "")
+                      f"{last['loss']:.3f}" if "loss" in last else "", f"{vals[-1]:.3f}" if vals else "")
     return table
 
 

@@ -339,6 +339,14 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         with progress:
             task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=
                                      f"{summary['params'] / 1e6:.1f}M params, rotary {summary['rotary_dims']}/{summary['head_dim']}")
+            if tc.init_from and start_step == 0:  # where the source's weights start: the curve's first point
+                pc = phases[0].config
+                model.set_rope_theta(pc.model.rope.theta)
+                last_val = evaluate_loss(forward, loaders_for(phases[0])[1], pc, device, env)
+                if metrics:
+                    metrics.write({"step": 0, "tokens": 0, "val_loss": last_val})
+                if phases[-1].end == 0:  # train.steps 0: the converted or copied weights are the run
+                    save(0, phases[0])
             while step < phases[-1].end:
                 phase = phase_at(phases, step)
                 pc = phase.config

@@ -1,4 +1,5 @@
-"""AdamW with decoupled weight decay on matrices only, and the warm-up + cosine schedule."""
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedules (warm-up, then cosine or
+warmup-stable-decay)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,24 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
 
 
 def lr_at(step: int, config: TrainConfig, total_steps: int | None = None) -> float:
-    """Linear warm-up over `warmup_fraction` of the steps, then cosine decay to lr * min_lr_ratio."""
+    """The learning rate of 0-based `step` of `total_steps` (default `config.steps`): linear warm-up over
+    `warmup_fraction` of the steps to `lr`, then by `schedule`
+      cosine  cosine decay to lr * min_lr_ratio over the remaining steps;
+      wsd     warmup-stable-decay (Hägele et al. 2024; MHA2MLA, Ji et al. 2025): `lr` until the last
+              `decay_fraction` of the steps, then lr - (lr - lr * min_lr_ratio) * sqrt(progress), progress
+              running from 0 at the first decay step (exactly lr) to 1 at the end (exactly lr * min_lr_ratio).
+    Steps past the end get lr * min_lr_ratio; a phase restarts its schedule (the trainer counts from its start)."""
     total = total_steps or config.steps
     warmup = int(round(config.warmup_fraction * total))
     peak, floor = config.lr, config.lr * config.min_lr_ratio
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
+    if config.schedule == "wsd":
+        decay_start = max(warmup, total - max(1, int(round(config.decay_fraction * total))))
+        if step < decay_start:
+            return peak
+        progress = (step - decay_start) / max(1, total - decay_start)
+        return floor if progress >= 1 else peak - (peak - floor) * math.sqrt(progress)
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 

@@ -1,0 +1,93 @@
+"""ropelab.layers: rms_norm and swiglu give the plain expressions' values and gradients bit for bit, in
+fp32, bf16 and mixed (bf16 activations, fp32 weight: autocast), and keep fewer tensors for backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ropelab.layers import rms_norm, swiglu
+
+DTYPES = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
+          "bf16-x-fp32-weight": (torch.bfloat16, torch.float32)}
+
+
+def plain_rms_norm(x, weight, eps):
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def plain_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def values_and_grads(fn, inputs, seed=1):
+    """fn(*inputs) and the gradient of every input that requires one, for a random upstream gradient."""
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*leaves)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
+    out.backward(grad)
+    return out, [t.grad for t in leaves if t.requires_grad]
+
+
+def saved_bytes(fn, inputs) -> int:
+    """Bytes of the distinct tensors autograd keeps for backward of fn(*inputs), the inputs included."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*leaves)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("shape", [(3, 17, 48), (2, 4, 9, 16)], ids=["block", "qk-norm"])
+@pytest.mark.parametrize("dtypes", sorted(DTYPES))
+def test_rms_norm_equals_the_plain_expression_bit_for_bit(dtypes, shape):
+    x_dtype, w_dtype = DTYPES[dtypes]
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=gen) * 3).to(x_dtype)
+    weight = (1 + 0.3 * torch.randn(shape[-1], generator=gen)).to(w_dtype)
+    ours, ours_grads = values_and_grads(lambda a, w: rms_norm(a, w, 1e-5), (x.requires_grad_(), weight.requires_grad_()))
+    plain, plain_grads = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-5), (x, weight))
+    assert ours.dtype == plain.dtype and torch.equal(ours, plain)
+    for a, b in zip(ours_grads, plain_grads, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_rms_norm_with_a_frozen_weight_or_input():
+    x = torch.randn(4, 32)
+    weight = 1 + 0.1 * torch.randn(32)
+    for needs in ((True, False), (False, True)):
+        inputs = (x.clone().requires_grad_(needs[0]), weight.clone().requires_grad_(needs[1]))
+        _, ours = values_and_grads(lambda a, w: rms_norm(a, w, 1e-6), inputs)
+        _, plain = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-6), inputs)
+        assert len(ours) == 1 and torch.equal(ours[0], plain[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_swiglu_equals_the_plain_expression_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(0)
+    gate, up = (torch.randn(3, 17, 80, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    ours, ours_grads = values_and_grads(swiglu, (gate, up))
+    plain, plain_grads = values_and_grads(plain_swiglu, (gate, up))
+    assert ours.dtype == plain.dtype and torch.equal(ours, plain)
+    for a, b in zip(ours_grads, plain_grads, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_they_keep_fewer_tensors_for_backward():
+    x, weight = torch.randn(8, 64, 96), torch.ones(96)
+    x_bytes = x.numel() * 4
+    # plain: x and the normalised x; lean: x and the (8, 64, 1) rstd (and the weight, which both keep)
+    assert saved_bytes(lambda a, w: plain_rms_norm(a, w, 1e-5), (x, weight)) >= 2 * x_bytes
+    assert saved_bytes(lambda a, w: rms_norm(a, w, 1e-5), (x, weight)) == x_bytes + 8 * 64 * 4 + 96 * 4
+    gate, up = torch.randn(8, 64, 96), torch.randn(8, 64, 96)
+    assert saved_bytes(plain_swiglu, (gate, up)) == 3 * x_bytes  # gate, silu(gate), up
+    assert saved_bytes(swiglu, (gate, up)) == 2 * x_bytes  # gate, up
