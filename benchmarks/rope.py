@@ -2,6 +2,7 @@
 
     python benchmarks/rope.py                   # llama-3.2-1b heads: q (1, 32, 2048, 64), k (1, 8, 2048, 64)
     python benchmarks/rope.py --batch 2 --threads 1 --dtype bf16
+    python benchmarks/rope.py --keep-pairs 8 2  # selected-pair plans keeping 8 and 2 pairs (default 32 16 4)
 
 Methods (each timed on the same fresh inputs, in rotating order, median of --reps):
   ropelab      RotaryEmbedding.forward (cache=table) -> the in-place fast path `PartialRotary`, which
@@ -15,6 +16,12 @@ Methods (each timed on the same fresh inputs, in rotating order, median of --rep
                reads and writes back the rotated channels of every row of q and k in place, with
                the kernel's prefetch hint and threads, and no arithmetic or angles. Its
                time(0.1) / time(1.0) is what the memory system allows for that ratio.
+Selected-pair plans (`ropelab.rope_pairs`), one per --keep-pairs r of the head_dim/2 pairs, rows @r:
+  plan_shared      every KV head keeps the same r pairs (select uniform): one (positions, r) table,
+                   the fast path and C kernel of partial RoPE with rotary_dims 2r
+  plan_shared_torch  the same with the C kernel switched off (eager torch ops)
+  plan_per_head    each KV head keeps its own r pairs (KV head h: uniform's pairs shifted by h): no
+                   table, K x r angles formed per call, the eager per-head rotation `rotate_`
 
 q and k are fresh non-leaf tensors (clones of leaves, made outside the timer, after the incoming
 gradients, so that they are as warm in cache as a projection's output), and backward is
@@ -100,6 +107,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 0.5, 1.0])
+    parser.add_argument("--keep-pairs", type=int, nargs="*", default=[32, 16, 4],
+                        help="selected-pair plans: pairs kept per KV head, of head_dim/2 (none: no plan rows)")
     parser.add_argument("--layout", choices=["half", "interleaved"], default="half")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--reps", type=int, default=25)
@@ -112,6 +121,12 @@ def main() -> None:
         args.fractions.append(1.0)
     dtype = DTYPES[args.dtype]
     B, H, K, T, D = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
+    n_pairs = D // 2
+    for r in args.keep_pairs:
+        if not 1 <= r <= n_pairs:
+            parser.error(f"--keep-pairs {r}: must be in 1..{n_pairs} (head_dim {D} has {n_pairs} pairs)")
+    if args.keep_pairs and K < 2:
+        parser.error(f"--keep-pairs: the per-KV-head plans need --kv-heads >= 2 (got {K})")
     theta = 10_000.0
     gen = torch.Generator().manual_seed(0)
     q_leaf = torch.randn(B, H, T, D, generator=gen).to(dtype)
@@ -121,22 +136,38 @@ def main() -> None:
     position_ids = torch.arange(T).repeat(B, 1)
     q_copy, k_copy = torch.empty_like(q_leaf), torch.empty_like(k_leaf)
 
-    # One callable per (method, fraction): q, k -> rotated q, k; `torch_only` names the torch-path runs.
-    cases, torch_only = {}, set()
+    # One callable per (method, fraction) or (plan method, kept pairs): q, k -> rotated q, k; `torch_only`
+    # names the torch-path runs; `dims` the rotated channels of each.
+    cases, torch_only, dims = {}, set(), {}
     for fraction in args.fractions:
         r = resolve_rotary_dims(D, fraction)
         if args.layout == "half":  # HF's functions only know the half (rotate_half) layout
             cos, sin = hf_cos_sin(r, T, B, theta, dtype)
             cases[("hf_neox", fraction)] = lambda q, k, cos=cos, sin=sin: hf_neox_apply(q, k, cos, sin)
+            dims[("hf_neox", fraction)] = r
             if r == D:
                 cases[("hf_llama", fraction)] = lambda q, k, cos=cos, sin=sin: hf_llama_apply(q, k, cos, sin)
+                dims[("hf_llama", fraction)] = r
         for name, inplace in (("ropelab", None), ("ropelab_torch", None), ("ropelab_ref", False)):
             rope = RotaryEmbedding(RopeConfig(fraction=fraction, theta=theta, layout=args.layout, cache="table"), D)
             rope.inplace = inplace
             # A new position tensor per call: the module looks its angles up again (a model does
             # so once per forward, shared by its layers), so the lookup is timed every time.
             cases[(name, fraction)] = lambda q, k, rope=rope: rope(q, k, position_ids.clone())
+            dims[(name, fraction)] = r
         torch_only.add(("ropelab_torch", fraction))
+    plans = {}  # plan key -> its module, for the record's check of which path it took
+    for r in args.keep_pairs:
+        uniform = [j * n_pairs // r for j in range(r)]
+        per_head = [[(i + h) % n_pairs for i in uniform] for h in range(K)]  # KV head h: shifted by h
+        for name, plan in (("plan_shared", {"keep_pairs": r, "select": "uniform"}),
+                           ("plan_shared_torch", {"keep_pairs": r, "select": "uniform"}),
+                           ("plan_per_head", {"pairs": per_head})):
+            rope = RotaryEmbedding(RopeConfig(theta=theta, layout=args.layout, cache="table", **plan), D, K)
+            cases[(name, r)] = lambda q, k, rope=rope: rope(q, k, position_ids.clone())
+            dims[(name, r)] = 2 * r
+            plans[(name, r)] = rope
+        torch_only.add(("plan_shared_torch", r))
 
     def run_rope(key):
         grads = (grad_q.clone(), grad_k.clone())  # ropelab's backward writes into its incoming gradient
@@ -164,18 +195,20 @@ def main() -> None:
     if touch is not None:
         for fraction in args.fractions:
             cases[("touch", fraction)] = None
+            dims[("touch", fraction)] = resolve_rotary_dims(D, fraction)
 
     def run_touch(key):
         grads = (grad_q.clone(), grad_k.clone())  # the same allocations and writes as run_rope's
         q, k = q_leaf.clone(), k_leaf.clone()
         t0 = time.perf_counter()
         for x in (q, k):
-            touch(x.data_ptr(), x.numel() // D, D, resolve_rotary_dims(D, key[1]), torch.get_num_threads())
+            touch(x.data_ptr(), x.numel() // D, D, dims[key], torch.get_num_threads())
         t1 = time.perf_counter()
         del grads
         return t1 - t0, t1 - t0
 
     cases[("copy", None)] = None
+    dims[("copy", None)] = None
     keys = list(cases)
     samples = {key: ([], []) for key in keys}
     for rep in range(args.warmup + args.reps):
@@ -190,10 +223,13 @@ def main() -> None:
     ms = {key: (statistics.median(f) * 1e3, statistics.median(t) * 1e3) for key, (f, t) in samples.items()}
     print(f"q ({B}, {H}, {T}, {D}), k ({B}, {K}, {T}, {D}), {args.dtype}, layout {args.layout}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.reps} reps (ms)")
-    print(f"{'method':<12} {'fraction':>8} {'dims':>5} {'fwd':>9} {'fwd+bwd':>9}")
-    for (name, fraction), (fwd, total) in ms.items():
-        dims = "-" if fraction is None else resolve_rotary_dims(D, fraction)
-        print(f"{name:<12} {'-' if fraction is None else fraction:>8} {dims:>5} {fwd:9.3f} {total:9.3f}")
+    print(f"{'method':<17} {'fraction':>8} {'dims':>5} {'fwd':>9} {'fwd+bwd':>9}   (plan rows: kept pairs / pairs)")
+    for key, (fwd, total) in ms.items():
+        name, fraction = key
+        if key in plans:
+            fraction = f"{fraction}/{n_pairs}"
+        channels = "-" if dims[key] is None else dims[key]
+        print(f"{name:<17} {'-' if fraction is None else fraction:>8} {channels:>5} {fwd:9.3f} {total:9.3f}")
 
     def ratio(a, b, part=1, scale=1.0):
         """Median over repetitions of time(a) / (scale * time(b)), both taken in the same repetition:
@@ -218,6 +254,11 @@ def main() -> None:
         "ropelab_torch_over_ropelab_at_0.25": ratio(("ropelab_torch", 0.25), ("ropelab", 0.25)),
         "hf_neox_over_ropelab_torch_at_0.25": ratio(("hf_neox", 0.25), ("ropelab_torch", 0.25)),
     }
+    for r in args.keep_pairs:
+        ratios[f"plan_shared_{r}_over_full"] = ratio(("plan_shared", r), ("ropelab", 1.0))
+        ratios[f"plan_per_head_{r}_over_full"] = ratio(("plan_per_head", r), ("ropelab", 1.0))
+        ratios[f"plan_per_head_{r}_over_shared"] = ratio(("plan_per_head", r), ("plan_shared", r))
+        ratios[f"plan_per_head_{r}_over_shared_torch"] = ratio(("plan_per_head", r), ("plan_shared_torch", r))
     def fmt(value: float, unit: str = "x") -> str:
         return "n/a" if math.isnan(value) else f"{value:.2f}{unit}"
 
@@ -237,6 +278,16 @@ def main() -> None:
     print(f"  ropelab reference / fast at 0.25   {fmt(ratios['ropelab_ref_over_ropelab_at_0.25'])}")
     print(f"  ropelab torch path / C at 0.25     {fmt(ratios['ropelab_torch_over_ropelab_at_0.25'])}"
           f"   (HF partial / torch path: {fmt(ratios['hf_neox_over_ropelab_torch_at_0.25'])})")
+    if args.keep_pairs:
+        print(f"  plans keeping r of {n_pairs} pairs per KV head, time / ropelab full (shared: one table, C kernel;"
+              " per-head: no table, eager):")
+        print(f"    {'r':>3} {'shared':>8} {'per-head':>9} {'per-head / shared':>18} "
+              f"{'per-head / shared torch path':>29}")
+        for r in args.keep_pairs:
+            print(f"    {r:>3} {fmt(ratios[f'plan_shared_{r}_over_full'], ''):>8} "
+                  f"{fmt(ratios[f'plan_per_head_{r}_over_full'], ''):>9} "
+                  f"{fmt(ratios[f'plan_per_head_{r}_over_shared']):>18} "
+                  f"{fmt(ratios[f'plan_per_head_{r}_over_shared_torch']):>29}")
     record = {
         "benchmark": "rope", "shape_q": [B, H, T, D], "shape_k": [B, K, T, D], "dtype": args.dtype,
         "layout": args.layout, "threads": torch.get_num_threads(), "reps": args.reps, "torch": torch.__version__,
@@ -245,6 +296,8 @@ def main() -> None:
         "ms": {f"{name}@{fraction}" if fraction is not None else name: {"fwd": round(f, 4), "fwd_bwd": round(t, 4)}
                for (name, fraction), (f, t) in ms.items()},
         "ratios": {key: None if math.isnan(value) else round(value, 4) for key, value in ratios.items()},
+        "plans": {f"{name}@{r}": {"per_head": rope.per_head, "table_bytes": rope.table_bytes(T)}
+                  for (name, r), rope in plans.items()},
     }
     print(json.dumps(record))
 

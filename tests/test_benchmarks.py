@@ -22,16 +22,23 @@ def _run(script: str, *args: str) -> dict:
 
 def test_rope_benchmark_times_every_method_and_reports_the_target_ratios():
     record = _run("rope.py", "--heads", "4", "--kv-heads", "2", "--seq", "64", "--reps", "3", "--warmup", "1",
-                  "--threads", "1", "--fractions", "0.1", "0.25")
+                  "--threads", "1", "--fractions", "0.1", "0.25", "--keep-pairs", "32", "4")
     assert record["shape_q"] == [1, 4, 64, 64] and record["cpu_kernel"] == rope_cpu.available()
-    methods = {"hf_neox@0.25", "hf_llama@1.0", "ropelab@0.1", "ropelab_torch@0.25", "ropelab_ref@1.0", "copy"}
+    methods = {"hf_neox@0.25", "hf_llama@1.0", "ropelab@0.1", "ropelab_torch@0.25", "ropelab_ref@1.0", "copy",
+               "plan_shared@4", "plan_shared_torch@32", "plan_per_head@4", "plan_per_head@32"}
     if rope_cpu.available():  # the memory floor is compiled with the same compiler as the kernel
         methods |= {"touch@0.1", "touch@1.0"}
     assert methods <= set(record["ms"])
     assert all(times["fwd"] > 0 and times["fwd_bwd"] >= times["fwd"] for times in record["ms"].values())
     ratios = record["ratios"]
-    for key in ("hf_neox_over_ropelab_at_0.25", "ropelab_full_over_copy", "ropelab_0.1_over_full"):
+    for key in ("hf_neox_over_ropelab_at_0.25", "ropelab_full_over_copy", "ropelab_0.1_over_full",
+                "plan_shared_4_over_full", "plan_per_head_4_over_full", "plan_per_head_32_over_shared",
+                "plan_per_head_4_over_shared_torch"):
         assert ratios[key] is not None and math.isfinite(ratios[key]) and ratios[key] > 0
+    # shared plans take the table path (64 positions x r pairs, cos + sin, fp32), per-head plans hold no table
+    plans = record["plans"]
+    assert plans["plan_shared@4"] == plans["plan_shared_torch@4"] == {"per_head": False, "table_bytes": 2 * 64 * 4 * 4}
+    assert plans["plan_per_head@4"] == plans["plan_per_head@32"] == {"per_head": True, "table_bytes": 0}
 
 
 def test_train_benchmark_compares_with_hf_and_reports_mfu():

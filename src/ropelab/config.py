@@ -173,7 +173,7 @@ class RopeConfig:
 
     @property
     def has_plan(self) -> bool:
-        return self.pairs is not None or self.keep_pairs is not None
+        return any(getattr(self, key) is not None for key in PLAN_KEYS)
 
     def resolve_dims(self, head_dim: int) -> int:
         if self.pairs is not None:
@@ -191,12 +191,12 @@ class RopeConfig:
                 raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be an even number >= 0")
             if self.rotary_dims > head_dim:
                 raise ConfigError(f"{key}.rotary_dims={self.rotary_dims}: must be <= head_dim ({head_dim})")
-        if self.resolve_dims(head_dim) > head_dim:
+        if self.has_plan:
+            self.validate_plan(head_dim, key)
+        elif self.resolve_dims(head_dim) > head_dim:
             raise ConfigError(f"{key}.fraction={self.fraction}: needs at least 2 channels but head_dim is {head_dim}")
         if not (self.theta > 0 and math.isfinite(self.theta)):
             raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
-        if self.has_plan:
-            self.validate_plan(head_dim, key)
         if self.scaling is not None:  # the spectrum's denominator: rotary_dims (slice) or head_dim
             dim = head_dim if self.style == "truncate" or self.has_plan else self.resolve_dims(head_dim)
             self.scaling.validate(self.resolve_dims(head_dim), dim, self.theta, f"{key}.scaling")

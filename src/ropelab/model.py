@@ -240,6 +240,19 @@ class Transformer(nn.Module):
             rope.set_theta(theta)
         self.config.rope.theta = float(theta)
 
+    def set_rope_scaling(self, config: ModelConfig) -> None:
+        """Each layer's RoPE scaling as `config` (e.g. a phase's) gives it, as `set_rope_theta` sets theta;
+        NoPE layers have none. Layers sharing one RotaryEmbedding must get the same scaling."""
+        wanted: dict[int, tuple] = {}
+        for layer, block in enumerate(self.blocks):
+            rope = block.attn.rope
+            scaling = config.rope_for_layer(layer).scaling if rope.rotary_dims else None
+            if wanted.setdefault(id(rope), (rope, scaling))[1] != scaling:
+                raise ValueError(f"layer {layer}: shares its RoPE module with an earlier layer but gets another scaling")
+        for rope, scaling in wanted.values():
+            rope.set_scaling(scaling)
+        self.config.rope.scaling = config.rope.scaling
+
     def set_attention_backend(self, backend: str) -> None:
         for block in self.blocks:
             block.attn.backend = backend

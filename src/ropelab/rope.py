@@ -74,8 +74,8 @@ def layer_frequencies(config: RopeConfig, head_dim: int, kv_heads: int = 1, seq_
                                        config.angles)
     else:
         spectrum = inverse_frequencies(head_dim, head_dim, config.theta, "slice", config.angles)
-        per_head = spectrum[torch.tensor(plan, dtype=torch.long).reshape(kv_heads, -1)]  # (K, r)
-        inv_freq = per_head[0] if bool((per_head == per_head[:1]).all()) else per_head
+        same = all(heads == plan[0] for heads in plan)
+        inv_freq = spectrum[torch.tensor(plan[0] if same else plan, dtype=torch.long)]  # (r,) or (K, r)
     if config.scaling is None:
         return inv_freq
     dim = spectrum_dims(config.resolve_dims(head_dim), head_dim, config.style, config.has_plan)
@@ -577,17 +577,19 @@ class RotaryEmbedding(nn.Module):
         """`forward` for KV heads of their own frequencies: each query head takes its KV group's angles.
         In place (same rules as `forward`) with the eager rotation, else the reference."""
         cos_k, sin_k = self.cos_sin(position_ids)  # (B or 1, K, T, r/2)
-        group = q.shape[1] // k.shape[1]
-        cos_q, sin_q = cos_k.repeat_interleave(group, dim=1), sin_k.repeat_interleave(group, dim=1)  # (., H, T, r/2)
+        K, group = k.shape[1], q.shape[1] // k.shape[1]
         r, layout = self.rotary_dims, self.layout
         if self.inplace is not False and not torch.compiler.is_compiling():
+            cos_g, sin_g = cos_k.unsqueeze(2), sin_k.unsqueeze(2)  # (., K, 1, T, r/2): broadcast over a group
+
             def rotation(q: torch.Tensor, k: torch.Tensor, inverse: bool = False) -> None:
-                rotate_(q, cos_q, sin_q, r, layout, inverse)
+                rotate_(q.unflatten(1, (K, group)), cos_g, sin_g, r, layout, inverse)  # a view: q rotates in place
                 rotate_(k, cos_k, sin_k, r, layout, inverse)
 
             rotated = rotate_in_place(q, k, rotation, bool(self.inplace))
             if rotated is not None:
                 return rotated
+        cos_q, sin_q = cos_k.repeat_interleave(group, dim=1), sin_k.repeat_interleave(group, dim=1)  # (., H, T, r/2)
         return apply_partial_rope(q, cos_q, sin_q, r, layout), apply_partial_rope(k, cos_k, sin_k, r, layout)
 
     def cache_bytes(self) -> int:

@@ -2,7 +2,7 @@
 
 import torch
 
-from ropelab.config import build_run_config
+from ropelab.config import ModelConfig, RopeConfig, build_run_config
 from ropelab.sources.imported import save_weights_only
 from ropelab.model import Transformer
 
@@ -27,3 +27,16 @@ def write_run(run_dir, model, config, step=5):
     (run_dir / "config.yaml").write_text(config.to_yaml())
     save_weights_only(run_dir, step, model, config)
     return run_dir
+
+
+def plan_source(layout="half", seed=0):
+    """A full-RoPE model (head_dim 8: 4 pairs; 4 query heads over 2 KV heads) to convert to a plan,
+    its weights moved far from their init so that every row differs."""
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=48,
+                         rope=RopeConfig(theta=100.0, layout=layout))
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model

@@ -87,7 +87,8 @@ def _numbers(result: dict) -> dict:
     for task, samples in result["samples"].items():
         for sample in samples:
             response = sample["filtered_resps"][0]
-            numbers[(task, sample["doc_id"], "loglikelihood")] = float(response[0] if isinstance(response, (list, tuple)) else response)
+            value = response[0] if isinstance(response, (list, tuple)) else response  # (ll, greedy) or ll
+            numbers[(task, sample["doc_id"], "loglikelihood")] = float(value)
     return numbers
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from ropelab.config import ConfigError, build_run_config
 from ropelab.sources import load, run_config
@@ -65,3 +66,56 @@ def test_mismatch_stops_before_any_work(source_run, tmp_path, tiny_session_overr
 def test_missing_source_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no such file or directory"):
         run_config(overrides=[f"train.init_from={tmp_path / 'nope'}"])
+
+
+def _plan_run(source_run, tiny_overrides, *extra):
+    return run_config({}, None, [*(o for o in tiny_overrides if not o.startswith("model.")), f"train.init_from={source_run}",
+                                 "model.rope.keep_pairs=3", "model.rope.select=2-norm", "train.calibration_tokens=256",
+                                 *extra])
+
+
+def test_a_plan_converts_the_source_at_the_start_and_resumes_exactly(source_run, tiny_overrides, tmp_path):
+    whole = train(_plan_run(source_run, tiny_overrides), tmp_path / "whole")
+    conversion = whole.init_from["conversion"]
+    assert conversion["select"] == "2-norm" and conversion["keep_pairs"] == 3 and conversion["kl_to_source"] > -1e-6
+    saved = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["model"]
+    assert {int(k): v["pairs"] for k, v in saved["rope_layers"].items()} == {
+        layer: p if len({tuple(h) for h in p}) > 1 else p[0] for layer, p in enumerate(conversion["pairs"])}
+    first = json.loads((tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first == {"step": 0, "tokens": 0, "val_loss": pytest.approx(conversion["loss_converted"], rel=1e-5)}
+
+    def stop_at_step_5(row):  # after the step-4 checkpoint
+        if row["step"] == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_plan_run(source_run, tiny_overrides), tmp_path / "cut", callbacks=(stop_at_step_5,))
+    resumed = train(out_dir=tmp_path / "cut", resume=True)
+    assert resumed.final_train_loss == whole.final_train_loss and resumed.init_from == whole.init_from
+
+
+def test_zero_steps_saves_the_converted_weights(source_run, tiny_overrides, tmp_path):
+    result = train(_plan_run(source_run, tiny_overrides, "train.steps=0"), tmp_path / "conv")
+    assert result.steps == 0 and result.final_val_loss == pytest.approx(result.init_from["conversion"]["loss_converted"], rel=1e-5)
+    model = load(tmp_path / "conv").model
+    assert model.ropes[0].rotary_dims == 6 and len(model.ropes) >= 1
+    with pytest.raises(ConfigError, match="train.steps=0: must be > 0"):
+        build_run_config(overrides=["train.steps=0"])
+
+
+def test_nope_from_a_full_rope_source_records_the_conversion(source_run, tiny_overrides, tmp_path):
+    config = run_config({}, None, [*(o for o in tiny_overrides if not o.startswith("model.")),
+                                   f"train.init_from={source_run}", "model.rope.fraction=0", "train.steps=0"])
+    record = train(config, tmp_path / "nope").init_from["conversion"]
+    assert record["select"] == "nope" and record["keep_pairs"] == 0 and record["pairs"] == [[[]], [[]]]
+
+
+def test_the_runs_channel_choice_replaces_the_sources(tmp_path, tiny_overrides):
+    """An imported source names rotary_dims: a run asking for NoPE or a plan must not keep it."""
+    source = tmp_path / "source"
+    train(build_run_config(overrides=[*tiny_overrides, "model.rope.rotary_dims=16", "train.steps=1"]), source)
+    base = [o for o in tiny_overrides if not o.startswith("model.")] + [f"train.init_from={source}"]
+    assert run_config({}, None, base).model.rope.rotary_dims == 16
+    assert run_config({}, None, [*base, "model.rope.fraction=0"]).model.rope.resolve_dims(16) == 0
+    from_yaml = run_config({"model": {"rope": {"keep_pairs": 2, "select": "low"}}}, None, base).model.rope
+    assert from_yaml.rotary_dims is None and from_yaml.resolve_dims(16) == 4

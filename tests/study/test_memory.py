@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from ropelab.config import ModelConfig, RopeConfig
+from ropelab.cli import main
+from ropelab.config import ConfigError, ModelConfig, RopeConfig
 from ropelab.model import Transformer
-from ropelab.study.memory import cache_bytes, memory_table, rotary_dims_for
+from ropelab.study.memory import cache_bytes, memory_table, parse_entry, per_head_angles, rotary_dims_for
 
 
 @pytest.mark.parametrize("fraction", [0.0, "2ch", 0.1, 0.25, 1.0])
@@ -31,3 +32,61 @@ def test_table_scales_with_fraction_and_shards():
     assert full["duplicated_bytes_replicated"] == 2 * 10_000_000 * 64 * 2
     assert full["duplicated_bytes_sharded"] * 8 == full["duplicated_bytes_replicated"]
     assert small["ropelab_bytes_replicated"] / full["ropelab_bytes_replicated"] == pytest.approx(6 / 64)
+
+
+def _plan_model(rope: RopeConfig) -> Transformer:
+    # head_dim 64 (32 pairs), 4 query heads in 2 KV groups
+    return Transformer(ModelConfig(vocab_size=64, n_layer=2, d_model=256, n_head=4, n_kv_head=2, d_ff=32, rope=rope))
+
+
+@pytest.mark.parametrize("rope", [RopeConfig(keep_pairs=4, select="uniform"), RopeConfig(pairs=[1, 5, 9, 30])])
+def test_a_plan_shared_by_the_kv_heads_holds_one_table_of_its_pairs(rope):
+    model = _plan_model(rope)
+    model(torch.zeros(1, 100, dtype=torch.long))
+    dims = rotary_dims_for(model.config, "pairs:4")
+    # one table for both layers: cos + sin, 100 positions x 4 pairs x 4 bytes (fp32)
+    assert dims == 8 and model.rope_cache_bytes() == 2 * 100 * 4 * 4 == cache_bytes(100, dims, "ropelab")
+
+
+def test_a_plan_per_kv_head_holds_no_table_and_forms_k_by_r_angles_per_token():
+    model = _plan_model(RopeConfig(pairs=[[0, 1, 2, 3], [4, 12, 20, 28]]))
+    model(torch.zeros(1, 100, dtype=torch.long))
+    assert model.rope_cache_bytes() == 0 == model.ropes[0].table_bytes(100)
+    cos, sin = model.ropes[0].cos_sin(torch.arange(100)[None])
+    assert cos.shape == sin.shape == (1, 2, 100, 4) and cos.dtype == torch.float32
+    assert per_head_angles(model.config, 4) == 2 * 4 == cos[0, :, 0].numel()
+
+
+def test_plan_entries_in_the_table_count_their_pairs():
+    rows = memory_table(["llama-3.2-1b"], fractions=[parse_entry("pairs:4"), parse_entry("1")], seq_lens=[10_000_000],
+                        gpus=8)
+    plan, full = rows
+    assert plan["fraction"] == "pairs:4" and plan["rotary_dims"] == 8 and full["rotary_dims"] == 64
+    assert plan["ropelab_bytes_replicated"] == 2 * 10_000_000 * 4 * 4 == 320_000_000  # fp32 cos + sin of 4 pairs
+    assert plan["ropelab_bytes_sharded"] == 40_000_000
+    assert plan["duplicated_bytes_replicated"] == 2 * 10_000_000 * 8 * 2  # bf16 cos + sin, each pair twice
+    assert full["ropelab_bytes_replicated"] == 8 * plan["ropelab_bytes_replicated"]
+
+
+@pytest.mark.parametrize("entry", ["pairs:x", "pairs:-1", "pairs:", "1.5", "-0.1", "half", "nan"])
+def test_bad_entries_name_the_argument(entry):
+    with pytest.raises(ConfigError, match="^--fractions: "):
+        parse_entry(entry)
+
+
+def test_more_pairs_than_the_head_has_is_refused():
+    config = ModelConfig.from_name("llama-3.2-1b")  # head_dim 64: 32 pairs
+    assert rotary_dims_for(config, "pairs:32") == 64
+    with pytest.raises(ConfigError, match="^--fractions: pairs:33: .*32 frequency pairs"):
+        rotary_dims_for(config, "pairs:33")
+
+
+def test_memory_command_reports_plans_and_what_per_head_plans_form(capsys, tmp_path):
+    assert main(["memory", "--presets", "llama-3.2-1b", "--fractions", "0.25,pairs:4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pairs:4" in out
+    # llama-3.2-1b: 8 KV heads x 4 pairs = 32 angles; cos + sin in fp32: 256 bytes per token per layer
+    assert "llama-3.2-1b: R=4: 32 angles, 256 bytes per token per layer" in out
+    lines = (tmp_path / "memory.csv").read_text().splitlines()
+    assert "llama-3.2-1b,pairs:4,8,2048,8,65536,8192,65536,8192" in lines
+    assert main(["memory", "--presets", "llama-3.2-1b", "--fractions", "pairs:40"]) == 2

@@ -1,6 +1,7 @@
 """Multi-phase runs: per-phase steps, batch, length and RoPE theta; boundary checkpoints; exact resume."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -8,6 +9,8 @@ import torch
 
 from ropelab.config import ConfigError, build_run_config
 from ropelab.model import Transformer
+from ropelab.rope import RotaryEmbedding
+from ropelab.sources import load
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
@@ -89,3 +92,23 @@ def test_resume_inside_the_second_phase_is_exact(tmp_path, tiny_overrides):
     resumed = train(out_dir=part, resume=True)  # from step 9: theta, length and schedule of phase "long"
     assert [(r["step"], r["loss"]) for r in read_metrics(part)] == [(r["step"], r["loss"]) for r in read_metrics(full)]
     assert [p["name"] for p in resumed.phases] == ["short", "long"]
+
+
+def test_a_phase_switches_yarn_on_in_training(monkeypatch, tmp_path, tiny_overrides):
+    """Phase 2 of a run trains with the YaRN it switches on; the checkpoint loads with it."""
+    seen, forward = [], RotaryEmbedding.forward
+
+    def recording(self, q, k, position_ids):
+        seen.append(None if self.config.scaling is None else self.config.scaling.method)
+        return forward(self, q, k, position_ids)
+
+    monkeypatch.setattr(RotaryEmbedding, "forward", recording)
+    config = build_run_config(overrides=[*tiny_overrides, "train.eval_every=2", "train.checkpoint_every=2",
+        "train.phases=[{name: short, steps: 2}, {name: long, steps: 2}]",
+        "train.phases[1].overrides.model.rope.scaling={method: yarn, factor: 4, original_max_position: 32}",
+        "train.phases[1].overrides.data.seq_len=64"])
+    train(config, tmp_path / "run")
+    switch = seen.index("yarn")
+    assert set(seen[:switch]) == {None} and set(seen[switch:]) == {"yarn"}
+    rope = load(tmp_path / "run").model.ropes[0]
+    assert rope.config.scaling.method == "yarn" and rope.attention_factor == pytest.approx(0.1 * math.log(4) + 1)

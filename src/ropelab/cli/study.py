@@ -69,6 +69,9 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", default="llama-3.2-1b,pythia-1b,llama-3.1-8b", help="comma-separated model presets")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype of the duplicated (HF-style) cache")
     p.add_argument("--gpus", type=int, default=8, help="GPUs for the replicated vs sharded columns")
+    p.add_argument("--fractions", help="comma-separated rotated fractions in [0, 1], 2ch (two channels) or pairs:R "
+                                       "(a plan keeping R frequency pairs per KV head, the same in every KV head) "
+                                       "(default 0,2ch,0.1,0.25,0.5,0.75,1)")
     p.add_argument("--out", help="folder for memory.csv and memory.png")
 
 
@@ -79,13 +82,16 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ropelab.study.memory import memory_table, plot_memory
+    from ropelab.config import ModelConfig
+    from ropelab.study.memory import DEFAULT_FRACTIONS, kept_pairs_of, memory_table, parse_entry, per_head_angles
+    from ropelab.study.memory import plot_memory
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     for name in presets:
         if name not in MODEL_PRESETS:
             raise ConfigError(f"--presets: unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
-    rows = memory_table(presets, dtype=args.dtype, gpus=args.gpus)
+    fractions = DEFAULT_FRACTIONS if args.fractions is None else [parse_entry(f) for f in args.fractions.split(",")]
+    rows = memory_table(presets, fractions, dtype=args.dtype, gpus=args.gpus)
     table = Table(title=f"RoPE cache bytes per GPU (ropelab fp32 half-table | HF-style {args.dtype} duplicated; x{args.gpus} GPUs)")
     for col in ("preset", "fraction", "dims", "seq_len", "ropelab", "HF-style replicated", f"HF-style sharded /{args.gpus}"):
         table.add_column(col, justify="right")
@@ -96,6 +102,16 @@ def cmd_memory(args: argparse.Namespace) -> int:
                           gib(r["duplicated_bytes_replicated"]), gib(r["duplicated_bytes_sharded"]))
     Console().print(table)
     print("cache: none holds 0 bytes at any length (cos/sin computed from positions on the fly)")
+    plans = [keep for keep in map(kept_pairs_of, fractions) if keep is not None]
+    if plans:
+        print("pairs:R is a plan keeping the same R pairs in every KV head: one (positions, R) table per distinct "
+              "layer plan. A plan whose KV heads keep different pairs holds no table at any length; each layer "
+              "forms K x R angles per token on every call (cos and sin, fp32):")
+        for name in presets:
+            config = ModelConfig.from_name(name)
+            print(f"  {name}: " + ", ".join(f"R={keep}: {per_head_angles(config, keep)} angles, "
+                                             f"{8 * per_head_angles(config, keep)} bytes per token per layer"
+                                             for keep in plans))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

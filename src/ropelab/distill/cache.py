@@ -51,7 +51,7 @@ def batch_key(input_ids: torch.Tensor, position_ids: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def _settings(config: RunConfig) -> dict:
+def cache_settings(config: RunConfig) -> dict:
     """What the teacher targets of one phase's batches depend on, besides the teacher's weights."""
     d, t = config.data, config.train
     return {
@@ -149,7 +149,7 @@ def _write(config: RunConfig, out: Path, plan: list[tuple], k: int, dtype: str, 
                             entries[batch_key(batch.input_ids, batch.position_ids)] = [len(shards), index]
                             progress.advance(task)
                     shards.append({"name": name, "shape": [len(part), t.micro_batch, pc.data.seq_len, k]})
-                phases.append({"name": phase.name, "steps": n, "settings": _settings(pc)})
+                phases.append({"name": phase.name, "steps": n, "settings": cache_settings(pc)})
         manifest = {"format": 1, "teacher": config.distill.teacher, "top_k": k, "dtype": dtype,
                     "temperature": config.distill.temperature, "phases": phases, "shards": shards, "entries": entries}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -186,7 +186,7 @@ class CachedTeacher:
             raise ConfigError(f"distill.top_k={top_k}: the logits cache holds only the top {self.k}")
         cached = self.manifest["phases"]
         for phase, steps in _phase_plan(config, None):
-            wanted = _settings(phase.config)
+            wanted = cache_settings(phase.config)
             if any(c["settings"] == wanted and c["steps"] >= steps for c in cached):
                 continue
             closest = cached[min(phase.index, len(cached) - 1)]

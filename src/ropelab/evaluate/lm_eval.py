@@ -46,10 +46,10 @@ from tqdm import tqdm
 
 from ropelab import sources
 from ropelab.config import ConfigError
-from ropelab.sources.runs import IMPORT
 from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
     PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
 )
+from ropelab.sources.runs import IMPORT
 
 try:
     import lm_eval
@@ -121,8 +121,9 @@ class RopelabLM(TemplateLM):
     """A ropelab run, checkpoint or imported folder as an lm-eval model (fp32 on CUDA when present).
 
     model_args: pretrained (required), batch_size (8), device (cuda if available, else cpu),
-    max_length (`default_max_length`: a run's data.seq_len, a released model's context), max_gen_toks (256), prefix_token_id (EOS), dtype
-    (float32 | bfloat16 | float16 | auto). Generation is greedy; ``until`` strings and EOS stop it."""
+    max_length (`default_max_length`: a run's data.seq_len, a released model's context), max_gen_toks
+    (256), prefix_token_id (EOS), dtype (float32 | bfloat16 | float16 | auto). Generation is greedy;
+    ``until`` strings and EOS stop it."""
 
     def __init__(
         self,

@@ -6,17 +6,25 @@ through (see `ropelab.rope`). Within the rotated channels, ``half`` pairs channe
 i + rotary_dims/2 and ``interleaved`` pairs 2i with 2i+1; pair i turns at frequency
 ``inv_freq[i]`` (style decides those numbers). A weight row of W_q or W_k writes one channel of
 one head, so the same map assigns output rows to frequency pairs.
+
+A selected-pair plan (`ropelab.rope_pairs`) also moves pairs: each head's rotated channels hold
+the source pairs its KV group keeps and its pass-through channels the dropped ones, in the order
+`rope_pairs.channel_order` gives. Where every channel carries a pair of the full-head spectrum
+(a plan, or full RoPE) the *source pair* of each channel is known, so the rows of two such
+models correspond pair by pair even where their channels differ.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from ropelab.config import ModelConfig
-from ropelab.rope import inverse_frequencies
+from ropelab.rope import inverse_frequencies, layer_frequencies
+from ropelab.rope_pairs import channel_order, kept_pairs
 
 UNROTATED = -1
 
@@ -38,15 +46,28 @@ def channel_pairs(head_dim: int, rotary_dims: int, layout: str) -> torch.Tensor:
     return out
 
 
+def _tuples(x: list) -> tuple:
+    return tuple(_tuples(v) if isinstance(v, list) else v for v in x)
+
+
+def _turns(inv_freq: tuple) -> tuple:
+    return tuple(_turns(f) if isinstance(f, tuple) else 2 * math.pi / f for f in inv_freq)
+
+
 @dataclass(frozen=True)
 class LayerRope:
-    """RoPE as one layer applies it: rotated channel count, pairing, and each pair's frequency."""
+    """RoPE as one layer applies it: rotated channel count, pairing, each pair's frequency and,
+    under a plan, which source pairs each KV head keeps."""
 
     head_dim: int
     rotary_dims: int
     layout: str
     theta: float
-    inv_freq: tuple[float, ...]  # radians per token, one per pair
+    # radians per token, one per rotated pair; one tuple per KV head under a plan whose heads keep
+    # different pairs (`ropelab.rope.layer_frequencies`, scaling included)
+    inv_freq: tuple
+    kept: Optional[tuple[tuple[int, ...], ...]] = None  # a plan's kept source pairs per KV head, None without
+    spectrum: tuple[float, ...] = ()  # a plan's full-head spectrum theta^(-2i/head_dim), unscaled
 
     @property
     def rotated_mask(self) -> torch.Tensor:
@@ -54,13 +75,54 @@ class LayerRope:
         return channel_pairs(self.head_dim, self.rotary_dims, self.layout) != UNROTATED
 
     @property
-    def wavelengths(self) -> tuple[float, ...]:
-        """Tokens per full turn of each pair: 2*pi / frequency."""
-        return tuple(2 * math.pi / f for f in self.inv_freq)
+    def wavelengths(self) -> tuple:
+        """Tokens per full turn of each pair: 2*pi / frequency (shaped as `inv_freq`)."""
+        return _turns(self.inv_freq)
+
+    @property
+    def maps_source_pairs(self) -> bool:
+        """Whether every channel carries a pair of the full-head spectrum (a plan, or full RoPE), so
+        that `source_pair_channels` is defined."""
+        return self.kept is not None or self.rotary_dims == self.head_dim
+
+    def channel_sources(self, kv_head: int) -> torch.Tensor:
+        """(head_dim,) long: the source pair each channel of a head of KV group `kv_head` carries; a
+        channel rotates when it is below `rotary_dims`. Under a plan the kept pairs come first and the
+        dropped ones fill the pass-through channels; otherwise pair i is rotated pair i and the
+        pass-through channels are `UNROTATED`."""
+        if self.kept is None:
+            return channel_pairs(self.head_dim, self.rotary_dims, self.layout)
+        order = channel_order(self.kept[kv_head], self.head_dim, self.layout)
+        return channel_pairs(self.head_dim, self.head_dim, self.layout)[order]
+
+    def source_pair_channels(self, kv_head: int) -> torch.Tensor:
+        """(head_dim/2, 2) long: the two channels of each source pair in a head of KV group `kv_head`,
+        in the order of the source's own pair (its first channel first), for `maps_source_pairs` layers."""
+        return torch.argsort(self.channel_sources(kv_head), stable=True).view(-1, 2)
+
+    def source_frequencies(self, kv_head: int) -> tuple[float, ...]:
+        """Radians per token of every source pair in a head of KV group `kv_head`: a kept pair's as the
+        layer turns it (scaling included), a dropped one's from the full-head spectrum (what a full-RoPE
+        source turns it at; the layer does not turn it). For `maps_source_pairs` layers."""
+        if self.kept is None:
+            return self.inv_freq
+        kept = self.kept[kv_head]
+        rotated = self.inv_freq[kv_head] if self.inv_freq and isinstance(self.inv_freq[0], tuple) else self.inv_freq
+        out = list(self.spectrum)
+        for pair, freq in zip(kept, rotated):
+            out[pair] = freq
+        return tuple(out)
 
 
 def layer_rope(config: ModelConfig, layer: int) -> LayerRope:
+    """Layer `layer`'s RoPE: its frequencies as the model turns them (`layer_frequencies`, so scaling
+    included) and, under a plan, each KV head's kept pairs and the full-head spectrum."""
     rope = config.rope_for_layer(layer)
-    rotary_dims = rope.resolve_dims(config.head_size)
-    inv_freq = inverse_frequencies(rotary_dims, config.head_size, rope.theta, rope.style)
-    return LayerRope(config.head_size, rotary_dims, rope.layout, float(rope.theta), tuple(inv_freq.tolist()))
+    head_dim, kv_heads = config.head_size, config.kv_heads
+    inv_freq = _tuples(layer_frequencies(rope, head_dim, kv_heads).tolist())
+    kept = kept_pairs(rope, head_dim, kv_heads)
+    if kept is None:
+        return LayerRope(head_dim, rope.resolve_dims(head_dim), rope.layout, float(rope.theta), inv_freq)
+    spectrum = tuple(inverse_frequencies(head_dim, head_dim, rope.theta, "slice", rope.angles).tolist())
+    return LayerRope(head_dim, rope.resolve_dims(head_dim), rope.layout, float(rope.theta), inv_freq,
+                     _tuples(kept), spectrum)

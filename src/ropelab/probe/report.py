@@ -86,23 +86,29 @@ def mode_section(mode: str, comparison: dict, labels: list[str], lines_src: str,
     return "\n".join(parts)
 
 
+def _moved(a: Any, b: Any) -> str:
+    """`a`, or ``a → b`` where a plan moved it (a span's rows, a layer's rotated channels, in A and in B)."""
+    return html.escape(str(a) if b is None or b == a else f"{a} → {b}")
+
+
 def weights_section(changes: dict, labels: tuple[str, str], image_src: str) -> str:
     a, b = labels
     layer_rows = "".join(
-        f"<tr><td>{e['layer']}</td><td>{e['rotary_dims']} ({e['layout']})</td><td>{fmt(e['theta_a'])} → {fmt(e['theta_b'])}</td>"
+        f"<tr><td>{e['layer']}</td><td>{_moved(e['rotary_dims'], e.get('rotary_dims_b'))} ({e['layout']})</td><td>{fmt(e['theta_a'])} → {fmt(e['theta_b'])}</td>"
         f"<td>{fmt(e['q']['relative_change'])}</td><td>{fmt(e['q']['unrotated'])}</td>"
         f"<td>{fmt(e['k']['relative_change'])}</td><td>{fmt(e['k']['unrotated'])}</td></tr>"
         for e in changes["layers"]
     )
     span_rows = "".join(
         f"<tr><td>{s['layer']}</td><td>W_{s['proj']}</td><td>{s['head']}</td><td>{html.escape(s['span'])}</td>"
-        f"<td>{', '.join(map(str, s['rows']))}</td><td>{fmt(s['wavelength_tokens'])}</td><td>{fmt(s['relative_change'])}</td></tr>"
+        f"<td>{_moved(', '.join(map(str, s['rows'])), ', '.join(map(str, s.get('rows_b', s['rows']))))}</td><td>{fmt(s['wavelength_tokens'])}</td><td>{fmt(s['relative_change'])}</td></tr>"
         for s in changes["top_spans"]
     )
     return (
         f"<h2>weight updates {html.escape(a)} → {html.escape(b)}</h2>"
         f"<p>Relative change ||W_{html.escape(b)} − W_{html.escape(a)}|| / ||W_{html.escape(a)}|| of the query and key "
-        "projections, over the output rows of each span (frequency pairs mapped through each layer's layout).</p>"
+        "projections, over the output rows of each span (frequency pairs mapped through each layer's layout; in a "
+        "layer with a RoPE plan, each source pair's rows in either checkpoint, and the dropped pairs as unrotated).</p>"
         + figure(image_src, f"weight change, layer x frequency pair: {a} → {b}")
         + "<table><thead><tr><th>layer</th><th>rotary dims</th><th>theta</th><th>W_q</th><th>W_q unrotated</th>"
         f"<th>W_k</th><th>W_k unrotated</th></tr></thead><tbody>{layer_rows}</tbody></table>"

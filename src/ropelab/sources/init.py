@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from ropelab.config import ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
+from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
 from ropelab.data.loader import PackedLoader
 from ropelab.data.tokenizer import load_tokenizer
 from ropelab.sources.calibrate import held_out_check, two_norm_scores
@@ -30,6 +30,8 @@ from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
 
+# RopeConfig fields that say which channels rotate: a run that sets one replaces the source's choice
+CHANNEL_KEYS = ("fraction", "rotary_dims", *PLAN_KEYS)
 # ModelConfig fields that decide the weights' names and shapes (the rest may differ from the source)
 SHAPE_KEYS = ("n_layer", "d_model", "n_head", "kv_heads", "head_size", "d_ff", "vocab_size", "block", "norm",
               "mlp", "attn_bias", "mlp_bias", "qk_norm", "tie_embeddings")
@@ -53,6 +55,11 @@ def run_config(base: dict | None = None, preset: str | None = None, overrides=()
         return build_run_config(tree, preset, overrides)
     source_config, _ = load_config(str(name))
     model = dataclasses.asdict(source_config.model)
+    mine = (tree.get("model") or {}).get("rope")
+    chosen = set(mine or {}) | {key.split(".")[2] for key, _ in map(parse_override, overrides)
+                                if key.startswith("model.rope.") and key.count(".") >= 2}
+    if chosen & set(CHANNEL_KEYS):  # the run says which channels rotate: none of the source's say stays
+        model["rope"].update({key: (1.0 if key == "fraction" else None) for key in CHANNEL_KEYS if key not in chosen})
     for key, value in (tree.get("model") or {}).items():
         model[key] = model["rope"] | value if key == "rope" and isinstance(value, dict) else value
     tree["model"] = model
@@ -90,9 +97,22 @@ def check_init(config: RunConfig) -> None:
 
 def converts(config: RunConfig, source: ModelConfig) -> bool:
     """Whether starting `config` from `source` converts RoPE: the run asks for a selected-pair plan
-    (`ropelab.sources.plans`) in a layer where the source has none."""
-    return any(config.model.rope_for_layer(layer).has_plan and not source.rope_for_layer(layer).has_plan
-               for layer in range(config.model.n_layer))
+    (`ropelab.sources.plans`) or for NoPE in a layer where the source has neither."""
+    def converted(layer: int) -> bool:
+        mine, theirs = config.model.rope_for_layer(layer), source.rope_for_layer(layer)
+        nope = mine.resolve_dims(config.model.head_size) == 0 < theirs.resolve_dims(source.head_size)
+        return (mine.has_plan and not theirs.has_plan) or nope
+
+    return any(converted(layer) for layer in range(config.model.n_layer))
+
+
+def plan_label(config: ModelConfig) -> dict:
+    """{"select", "keep_pairs"} of the plan a model config asks for (its first layer's): ``nope`` and 0
+    without RoPE, ``full`` and head_dim/2 with all pairs and no plan."""
+    rope = config.rope_for_layer(0)
+    dims = rope.resolve_dims(config.head_size)
+    select = rope.select or ("list" if rope.pairs is not None else "nope" if dims == 0 else "full")
+    return {"select": select, "keep_pairs": dims // 2}
 
 
 def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, PackedLoader]] = None) -> tuple[dict, dict]:
@@ -116,6 +136,7 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
         raise ConfigError(f"{_key(source.name)}: converting to the run's RoPE plan needs its data loaders")
     check_source(model.config, _key(source.name))
     train_loader, val_loader = loaders
+    label = plan_label(config.model)
     scores = None
     if needs_scores(config.model):
         windows = train_loader.sample_windows(0, math.ceil(config.train.calibration_tokens / train_loader.seq_len))
@@ -124,8 +145,9 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
     plans, config.model = resolve_plans(config.model, scores)
     converted = apply_plan(model, config.model, plans).eval()
     windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
-    record["conversion"] = {"pairs": plans, **held_out_check(model, converted, val_loader.sequential(windows, config.train.micro_batch))}
+    check = held_out_check(model, converted, val_loader.sequential(windows, config.train.micro_batch))
+    record["conversion"] = {**label, "pairs": plans, **check}
     return converted.state_dict(), record
 
 
-__all__ = ["run_config", "check_init", "initial_weights", "converts", "SHAPE_KEYS"]
+__all__ = ["run_config", "check_init", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]

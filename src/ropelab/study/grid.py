@@ -12,6 +12,7 @@ A study YAML looks like::
     grid:                    # optional: dotted key -> list of values (cartesian product)
       seed: [0, 1]
     longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
+    teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
@@ -43,6 +44,7 @@ class StudyConfig:
     grid: dict = field(default_factory=dict)
     target_loss: float | None = None
     longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
+    teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
 
 
 @dataclass
@@ -59,7 +61,7 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "teacher_cache"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {key!r}; allowed: {', '.join(sorted(allowed))}")

@@ -8,13 +8,22 @@ Three layouts are reported per preset, fraction and sequence length:
   * ``none``     – ``cache: none`` computes cos/sin on the fly: 0 persistent bytes.
 Across N GPUs a cache is either replicated (every GPU holds all positions) or sharded by
 sequence (each GPU holds seq_len / N positions).
+
+Besides fractions (and ``2ch``, two channels), an entry ``pairs:R`` is a selected-pair plan
+(`ropelab.rope_pairs`) keeping R of the head_dim/2 frequency pairs of every KV head, the same
+pairs in every KV head: its kept pairs sit in the first 2R channels, so it holds what partial
+RoPE with rotary_dims 2R holds, a table of (seq_len, R) cos and sin (one per distinct layer plan;
+a plan equal in every layer, as ``select: high|low|uniform`` gives, holds one). A plan whose KV
+heads keep different pairs (`RotaryEmbedding.per_head`, e.g. ``select: 2-norm``) holds no table
+at any length: each layer forms K x R angles per token on every call (`per_head_angles`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
-from ropelab.config import ModelConfig
+from ropelab.config import ConfigError, ModelConfig
 from ropelab.config import resolve_rotary_dims
 from ropelab.rope import table_cache_bytes
 
@@ -23,10 +32,47 @@ DEFAULT_SEQ_LENS = [2**k for k in range(11, 24, 1)] + [10_000_000]
 DEFAULT_FRACTIONS = [0.0, "2ch", 0.1, 0.25, 0.5, 0.75, 1.0]
 
 
+def parse_entry(text: str):
+    """One entry of a fractions list as `memory_table` takes it: ``2ch``, ``pairs:R`` or a number in [0, 1]."""
+    text = text.strip()
+    if text == "2ch":
+        return text
+    if text.startswith("pairs:"):
+        keep = text[len("pairs:"):]
+        if not (keep.isascii() and keep.isdigit()):
+            raise ConfigError(f"--fractions: {text!r}: pairs:R needs R, a whole number of pairs kept per KV head")
+        return f"pairs:{int(keep)}"
+    try:
+        fraction = float(text)
+    except ValueError:
+        raise ConfigError(f"--fractions: {text!r}: must be a number in [0, 1], 2ch or pairs:R") from None
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"--fractions: {text!r}: a fraction must be in [0, 1] (0 = NoPE, 1 = full RoPE)")
+    return fraction
+
+
+def kept_pairs_of(fraction) -> Optional[int]:
+    """R of a ``pairs:R`` entry, None for a fraction or ``2ch``."""
+    return int(fraction[len("pairs:"):]) if isinstance(fraction, str) and fraction.startswith("pairs:") else None
+
+
 def rotary_dims_for(config: ModelConfig, fraction) -> int:
     if fraction == "2ch":
         return 2
+    keep = kept_pairs_of(fraction)
+    if keep is not None:
+        if keep > config.head_size // 2:
+            raise ConfigError(f"--fractions: {fraction}: {config.name} has {config.head_size // 2} frequency pairs "
+                              f"per head (head_dim {config.head_size})")
+        return 2 * keep
     return resolve_rotary_dims(config.head_size, float(fraction))
+
+
+def per_head_angles(config: ModelConfig, keep: int) -> int:
+    """Angles a layer with a per-KV-head plan keeping `keep` pairs forms per token on each call (K x R);
+    each is held as an fp32 cos and sin. (Its rotation also repeats them for the query heads of each
+    KV group, H x R more while the layer rotates; under autograd both stay until its backward.)"""
+    return config.kv_heads * keep
 
 
 def cache_bytes(seq_len: int, rotary_dims: int, layout: str = "ropelab", dtype: str = "bf16") -> int:
@@ -68,7 +114,11 @@ def plot_memory(rows: list[dict], path: Path, layout: str = "duplicated") -> Non
             ys = [r[f"{layout}_bytes_replicated"] / 2**30 for r in sel]
             if not any(ys):
                 continue
-            label = "two channels" if fraction == "2ch" else f"{float(fraction):.0%}"
+            keep = kept_pairs_of(fraction)
+            if fraction == "2ch":
+                label = "two channels"
+            else:
+                label = f"{keep} pairs" if keep is not None else f"{float(fraction):.0%}"
             ax.plot([r["seq_len"] for r in sel], ys, marker="o", ms=3, label=f"{label} ({sel[0]['rotary_dims']} dims)")
         ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)", ylabel="cos/sin cache (GiB, per GPU, replicated)",
                title=f"{preset}: {layout} cache")

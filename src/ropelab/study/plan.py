@@ -9,7 +9,9 @@ layer with a fused attention kernel (no ``T x T`` score matrix kept).
 
 from __future__ import annotations
 
-from ropelab.config import RunConfig
+import dataclasses
+
+from ropelab.config import PLAN_KEYS, RunConfig
 from ropelab.model import Transformer
 from ropelab.study.grid import PlannedRun
 from ropelab.train.phases import resolve_phases
@@ -21,9 +23,9 @@ def run_plan(run: PlannedRun, mfu: float = 0.4, peak_flops: float = H100_BF16_PE
     import torch
 
     config: RunConfig = run.config
-    model_config = config.model
-    if model_config.vocab_size is None:
-        model_config = type(model_config)(**{**model_config.__dict__, "vocab_size": 4096})
+    # Parameters and FLOPs do not depend on RoPE: a plan still to be scored (2-norm) is left out.
+    model_config = dataclasses.replace(config.model, vocab_size=config.model.vocab_size or 4096, rope_layers={},
+                                       rope=dataclasses.replace(config.model.rope, **dict.fromkeys(PLAN_KEYS)))
     with torch.device("meta"):
         model = Transformer(model_config)
     params = model.num_params()

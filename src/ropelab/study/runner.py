@@ -5,7 +5,8 @@ Each run is a separate ``python -m ropelab train`` process (a crash stays in its
 are skipped, unfinished ones resume from their last checkpoint, failed ones get
 ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
-student's teacher) waits until that run is done, and is skipped if it failed.
+student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
+the KD runs that share a teacher and their batches read one cache of its targets, written first.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ropelab.config import ConfigError
 from ropelab.files import write_atomically
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
+from ropelab.study.teacher_cache import shared_caches, write_shared_caches
 from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.lock import is_locked
 from ropelab.train.metrics import read_metrics
@@ -69,7 +71,7 @@ def initial_status(directory: Path) -> str:
     return "queued"
 
 
-def _command(state: RunState, directory: Path) -> list[str]:
+def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[str]:
     base = [sys.executable, "-m", "ropelab", "train", "--out", str(directory), "--no-progress"]
     if latest_checkpoint(directory) is not None:
         return base + ["--resume"]
@@ -80,16 +82,19 @@ def _command(state: RunState, directory: Path) -> list[str]:
     plan = study_dir / "plan" / f"{state.run.id}.yaml"
     plan.parent.mkdir(parents=True, exist_ok=True)
     targets = {target: str(run_dir(study_dir, target)) for _, target in references(state.run.config)}
-    plan.write_text(yaml.safe_dump(resolve_references(state.run.config, targets), sort_keys=False))
+    tree = resolve_references(state.run.config, targets)
+    if cache is not None:  # the study's shared teacher targets (`ropelab.study.teacher_cache`)
+        tree["distill"]["logits_cache"] = str(cache)
+    plan.write_text(yaml.safe_dump(tree, sort_keys=False))
     return base + ["--config", str(plan)]
 
 
-def _start(state: RunState, directory: Path, threads: int) -> None:
+def _start(state: RunState, directory: Path, threads: int, cache: Optional[Path] = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "error.txt").unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     state.log = open(directory / "train.log", "a")
-    state.process = subprocess.Popen(_command(state, directory), stdout=state.log, stderr=subprocess.STDOUT, env=env)
+    state.process = subprocess.Popen(_command(state, directory, cache), stdout=state.log, stderr=subprocess.STDOUT, env=env)
     state.status = "running"
 
 
@@ -129,6 +134,8 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
     runs = expand(study)
     record_study(study_dir, study, runs)
     states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
+    caches = shared_caches(runs, study_dir) if study.teacher_cache else {}
+    write_shared_caches(runs, caches, {s.run.id for s in states if s.status == "queued"})
     jobs = max(1, jobs)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     console = Console()
@@ -147,7 +154,7 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
                 if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere") for n in needs):
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
-                    _start(s, run_dir(study_dir, s.run.id), threads)
+                    _start(s, run_dir(study_dir, s.run.id), threads, caches.get(s.run.id))
                     running += 1
             if display is not None:
                 display.update(_overview(states, study_dir))

@@ -1,6 +1,7 @@
 """Optional sections of a study report, present when the runs call for them:
 
   * phases        validation loss after each phase of multi-phase runs (from result.json);
+  * conversion    runs started from a source converted to a RoPE plan (`ropelab.study.conversion`);
   * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
                   `evaluate_study_longctx` when the study YAML has a ``longctx`` key).
 Each section is markdown for report.md plus HTML and images for report.html.
@@ -9,21 +10,14 @@ Each section is markdown for report.md plus HTML and images for report.html.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.sources.runs import read_result
+from ropelab.study.conversion import conversion_section
+from ropelab.study.section import Section, html_table, markdown_table
 
 LONGCTX_DIR = "longctx"
-
-
-@dataclass
-class Section:
-    title: str
-    markdown: str
-    html: str
-    images: dict[str, bytes] = field(default_factory=dict)
 
 
 def _results(study_dir: Path) -> dict[str, dict]:
@@ -33,12 +27,6 @@ def _results(study_dir: Path) -> dict[str, dict]:
         if result is not None:
             out[run.name] = result
     return out
-
-
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def phase_section(study_dir: Path) -> Section | None:
@@ -52,9 +40,7 @@ def phase_section(study_dir: Path) -> Section | None:
     for run, result in results.items():
         by_name = {p["name"]: p["val_loss"] for p in result["phases"]}
         rows.append([run, *(f"{by_name[n]:.4f}" if by_name.get(n) is not None else "—" for n in names)])
-    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                         + ["| " + " | ".join(row) + " |" for row in rows])
-    return Section("Validation loss after each phase", markdown, _html_table(header, rows))
+    return Section("Validation loss after each phase", markdown_table(header, rows), html_table(header, rows))
 
 
 def longctx_section(study_dir: Path) -> Section | None:
@@ -71,7 +57,8 @@ def longctx_section(study_dir: Path) -> Section | None:
 
 def report_sections(study_dir: str | Path) -> list[Section]:
     study_dir = Path(study_dir)
-    return [s for s in (phase_section(study_dir), longctx_section(study_dir)) if s is not None]
+    sections = (phase_section(study_dir), conversion_section(study_dir), longctx_section(study_dir))
+    return [s for s in sections if s is not None]
 
 
 def evaluate_study_longctx(study_dir: str | Path, options: dict, run_ids: list[str], progress: bool = True) -> dict | None:

@@ -342,6 +342,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             if tc.init_from and start_step == 0:  # where the source's weights start: the curve's first point
                 pc = phases[0].config
                 model.set_rope_theta(pc.model.rope.theta)
+                model.set_rope_scaling(pc.model)
                 last_val = evaluate_loss(forward, loaders_for(phases[0])[1], pc, device, env)
                 if metrics:
                     metrics.write({"step": 0, "tokens": 0, "val_loss": last_val})
@@ -353,6 +354,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 ptc = pc.train
                 if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
                     model.set_rope_theta(pc.model.rope.theta)
+                    model.set_rope_scaling(pc.model)
                     model.set_attention_backend(pc.attention.backend)
                     model.set_activation_checkpointing(ptc.activation_checkpointing)
                 loader, val_loader, _ = loaders_for(phase)
