@@ -1,7 +1,8 @@
 """SmolLM2-135M, ropelab `Transformer` against Hugging Face's `LlamaForCausalLM`: speed and peak memory.
 
-    python benchmarks/real_model.py                   # every row, --reps 3 (27 min on 2 shared cores, load 2.5-6.6)
-    python benchmarks/real_model.py --rows forward2k,train --reps 5
+    python benchmarks/real_model.py                   # every row, --reps 3 (on 2 shared cores: the forward rows
+                                                      # 27 min at load 2.5-6.6, the training rows 48 min at 3.5-9.8)
+    python benchmarks/real_model.py --rows train,train-full --reps 5
     python benchmarks/real_model.py --quick           # 2 random layers, tiny lengths (the test), < 1 min
 
 Models. ropelab: `ropelab.sources.load("smollm2-135m")` (the GGUF file imported once into

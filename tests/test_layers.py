@@ -54,8 +54,9 @@ def test_rms_norm_equals_the_plain_expression_bit_for_bit(dtypes, shape):
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=gen) * 3).to(x_dtype)
     weight = (1 + 0.3 * torch.randn(shape[-1], generator=gen)).to(w_dtype)
-    ours, ours_grads = values_and_grads(lambda a, w: rms_norm(a, w, 1e-5), (x.requires_grad_(), weight.requires_grad_()))
-    plain, plain_grads = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-5), (x, weight))
+    inputs = (x.requires_grad_(), weight.requires_grad_())
+    ours, ours_grads = values_and_grads(lambda a, w: rms_norm(a, w, 1e-5), inputs)
+    plain, plain_grads = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-5), inputs)
     assert ours.dtype == plain.dtype and torch.equal(ours, plain)
     for a, b in zip(ours_grads, plain_grads, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)

@@ -200,5 +200,15 @@ def test_the_trainer_applies_activation_checkpointing_and_resumes_exactly(tmp_pa
     (part / "result.json").unlink()
     train(out_dir=part, resume=True)
     assert modes == ["none", "full", "full"]
-    rows = [[(r["step"], r["loss"], r.get("val_loss")) for r in read_metrics(run)] for run in (tmp_path / "plain", part)]
+    rows = [[(r["step"], r["loss"], r.get("val_loss")) for r in read_metrics(run)]
+            for run in (tmp_path / "plain", part)]
     assert rows[0] == rows[1] and len(rows[0]) == 8
+
+
+def test_activation_checkpointing_setting_is_validated():
+    from ropelab.config import ConfigError, build_run_config
+
+    assert build_run_config().train.activation_checkpointing == "none"
+    with pytest.raises(ConfigError) as info:
+        build_run_config(overrides=["train.activation_checkpointing=blocks"])
+    assert str(info.value) == "train.activation_checkpointing='blocks': must be one of 'none', 'mlp', 'full'"

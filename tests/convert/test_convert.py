@@ -115,3 +115,11 @@ def test_calibration_data_in_another_tokenizer_is_refused(run, tmp_path):
     with pytest.raises(ConfigError, match=r"calibration.corpus=.*bytes.*differs from the tokenizer"):
         convert_model(str(run), tmp_path / "out", ["rope.keep_pairs=2", f"calibration.corpus={tmp_path / 'bytes'}"])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_converted_folder_still_loads_after_it_is_moved(run, tmp_path):
+    convert_model(str(run), tmp_path / "here", ["rope.keep_pairs=2", "rope.select=high", *QUICK], log=lambda _: None)
+    (tmp_path / "here").rename(tmp_path / "there")
+    loaded = load(tmp_path / "there")
+    assert loaded.config.data.tokenizer == str((tmp_path / "there" / "tokenizer.json").resolve())
+    assert loaded.tokenizer.fingerprint() == load(run).tokenizer.fingerprint()

@@ -19,6 +19,7 @@ from ropelab.cli import build_parser  # noqa: E402
 from ropelab.evaluate.lm_eval import (  # noqa: E402
     PAPER_TASKS, evaluate_lm, resolve_tasks, results_markdown, select_metrics,
 )
+from tests.evaluate.local_tasks import write_tasks  # noqa: E402
 
 TOL = 1e-4
 TASKS = ["local_mc", "local_ppl", "lambada_local", "local_gen"]
@@ -42,65 +43,12 @@ LAMBADA = [
 ]
 GEN = [{"question": "def add(a, b):\n", "answer": "    return a + b"}, {"question": "import", "answer": " os"}]
 
-YAML = {
-    "local_mc": """task: local_mc
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
-""",
-    "local_ppl": """task: local_ppl
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - {{metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}}
-""",
-    "lambada_local": """task: lambada_local
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: loglikelihood
-doc_to_text: "{{{{context}}}}"
-doc_to_target: "{{{{word}}}}"
-target_delimiter: ""
-metric_list:
-  - {{metric: perplexity, aggregation: perplexity, higher_is_better: false}}
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-""",
-    "local_gen": """task: local_gen
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs: {{until: ["\\n"], max_gen_toks: 8, do_sample: false}}
-metric_list:
-  - {{metric: exact_match, aggregation: mean, higher_is_better: true}}
-""",
-}
 
 
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tasks")
-    for name, rows in {"local_mc": MC, "local_ppl": PPL, "lambada_local": LAMBADA, "local_gen": GEN}.items():
-        data = root / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / f"{name}.yaml").write_text(YAML[name].format(data=json.dumps(str(data))))
-    return root
+    return write_tasks(tmp_path_factory.mktemp("tasks"), {
+        "local_mc": ("mc", MC), "local_ppl": ("ppl", PPL), "lambada_local": ("cloze", LAMBADA), "local_gen": ("gen", GEN)})
 
 
 @pytest.fixture(scope="module")

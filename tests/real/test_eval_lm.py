@@ -6,7 +6,6 @@ keep it to a few seconds a route."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -15,6 +14,7 @@ lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate", reason="--model hf needs accelerate (pip install 'lm-eval[hf]')")
 
 import ropelab.evaluate.lm_eval  # noqa: E402, F401 - registers "ropelab" with the harness
+from tests.evaluate.local_tasks import write_tasks  # noqa: E402
 
 TOL = 1e-4  # relative; ropelab forms the RoPE angles in float64, transformers in float32
 PPL = [
@@ -29,44 +29,14 @@ CLOZE = [  # a LAMBADA-like continuation log-likelihood: the context/continuatio
     {"context": "for i in range(10):\n    print(", "word": "i)"},
     {"context": "Water freezes at zero degrees", "word": " Celsius"},
 ]
-YAML = {
-    "real_ppl": """task: real_ppl
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - {{metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}}
-""",
-    "real_cloze": """task: real_cloze
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: loglikelihood
-doc_to_text: "{{{{context}}}}"
-doc_to_target: "{{{{word}}}}"
-target_delimiter: ""
-metric_list:
-  - {{metric: perplexity, aggregation: perplexity, higher_is_better: false}}
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-""",
-}
-TASKS = list(YAML)
+TASKS = ["real_ppl", "real_cloze"]
 
 
 @pytest.fixture(scope="module")
 def task_manager(tmp_path_factory):
     from lm_eval.tasks import TaskManager
 
-    root = tmp_path_factory.mktemp("real-tasks")
-    for name, rows in {"real_ppl": PPL, "real_cloze": CLOZE}.items():
-        data = root / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / f"{name}.yaml").write_text(YAML[name].format(data=json.dumps(str(data))))
+    root = write_tasks(tmp_path_factory.mktemp("real-tasks"), {"real_ppl": ("ppl", PPL), "real_cloze": ("cloze", CLOZE)})
     return TaskManager(include_path=str(root), include_defaults=False)
 
 

@@ -57,7 +57,7 @@ def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str,
     with new_folder(out) as tmp:
         for name, content in (files or {}).items():
             (tmp / name).write_bytes(content)
-        spec = str(out.resolve() / TOKENIZER) if tokenizer is not None else tokenizer_spec
+        spec = TOKENIZER if tokenizer is not None else tokenizer_spec  # relative: the folder may move
         if tokenizer is not None:
             tokenizer.tok.save(str(tmp / TOKENIZER))
         config = build_run_config(yaml.safe_load(converted_run_config(model.config, spec).to_yaml()))  # validated, as loading reads it

@@ -52,7 +52,9 @@ def checkpoint_step(folder: Path) -> int:
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
-    """The configuration saved in `run_dir/config.yaml` (validated)."""
+    """The configuration saved in `run_dir/config.yaml` (validated). A `data.tokenizer` naming a file
+    inside the folder by a relative path (an imported folder's tokenizer.json) is made absolute, so a
+    folder keeps working after it is moved."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {CONFIG}; not a ropelab run directory")
@@ -60,7 +62,11 @@ def read_run_config(run_dir: Path) -> RunConfig:
         data = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the file is damaged") from None
-    return build_run_config(data)
+    config = build_run_config(data)
+    inside = Path(run_dir) / config.data.tokenizer
+    if not Path(config.data.tokenizer).is_absolute() and inside.is_file():
+        config.data.tokenizer = str(inside.resolve())
+    return config
 
 
 def read_result(run_dir: Path) -> Optional[dict]:

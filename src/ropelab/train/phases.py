@@ -1,9 +1,10 @@
 """A run as a sequence of phases, each a full `RunConfig` of its own.
 
 A run without `train.phases` is one phase of `train.steps` steps. With phases, phase i is the
-run's config with the phase's dotted overrides applied, covering global steps
-[start, end); its LR schedule (warm-up, cosine) restarts at `start`, its data loader counts
-samples from the phase start, and its RoPE theta is set on the model when the phase begins.
+run's config with the phase's dotted overrides applied, covering global steps [start, end); its
+LR schedule (warm-up, then cosine or warmup-stable-decay) restarts at `start`, its data loader
+counts samples from the phase start, and its RoPE theta and scaling are set on the model when the
+phase begins.
 """
 
 from __future__ import annotations
