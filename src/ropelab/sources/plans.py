@@ -4,6 +4,7 @@
   target_config(config, keep, select, explicit=None)
                                    the source's model config asking for a plan (2-norm still unscored)
   needs_scores(config)             whether some layer's plan is 2-norm and not chosen yet
+  shape_config(config)             the config without such a plan (for parameter counts and FLOPs)
   resolve_plans(config, scores)    (per layer and KV head the kept pairs, the config with them written
                                    out: 2-norm layers get their scored `pairs`)
   apply_plan(model, config, plans) a new model whose W_q / W_k rows (biases, QK-Norm weights) are
@@ -48,6 +49,14 @@ def _unscored(rope: RopeConfig) -> bool:
 
 def needs_scores(config: ModelConfig) -> bool:
     return any(_unscored(config.rope_for_layer(layer)) for layer in range(config.n_layer))
+
+
+def shape_config(config: ModelConfig) -> ModelConfig:
+    """`config` without a plan still to be scored: what parameter counts and FLOPs need (they do not
+    depend on RoPE), for a run that converts at its start."""
+    if not needs_scores(config):
+        return config
+    return dataclasses.replace(config, rope_layers={}, rope=dataclasses.replace(config.rope, **dict.fromkeys(PLAN_KEYS)))
 
 
 def target_config(config: ModelConfig, keep: int, select: str, explicit: Optional[list] = None) -> ModelConfig:
@@ -135,4 +144,4 @@ def apply_plan(model: Transformer, config: ModelConfig, plans: Plans) -> Transfo
     return converted.to(next(model.parameters()).dtype)
 
 
-__all__ = ["Plans", "check_source", "target_config", "needs_scores", "resolve_plans", "apply_plan"]
+__all__ = ["Plans", "check_source", "target_config", "needs_scores", "shape_config", "resolve_plans", "apply_plan"]

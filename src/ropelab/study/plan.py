@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ropelab.config import PLAN_KEYS, RunConfig
+from ropelab.config import RunConfig
 from ropelab.model import Transformer
+from ropelab.sources.plans import shape_config
 from ropelab.study.grid import PlannedRun
 from ropelab.train.phases import resolve_phases
 
@@ -23,9 +24,7 @@ def run_plan(run: PlannedRun, mfu: float = 0.4, peak_flops: float = H100_BF16_PE
     import torch
 
     config: RunConfig = run.config
-    # Parameters and FLOPs do not depend on RoPE: a plan still to be scored (2-norm) is left out.
-    model_config = dataclasses.replace(config.model, vocab_size=config.model.vocab_size or 4096, rope_layers={},
-                                       rope=dataclasses.replace(config.model.rope, **dict.fromkeys(PLAN_KEYS)))
+    model_config = dataclasses.replace(shape_config(config.model), vocab_size=config.model.vocab_size or 4096)
     with torch.device("meta"):
         model = Transformer(model_config)
     params = model.num_params()
