@@ -15,6 +15,7 @@ that definition numerically (no closed form exists):
   * `discrimination(m, base, d)` is B(m) for given distances (float64: m * theta stays exact to
     ~1e-10 rad up to m ~ 1e6); `discrimination_upto(base, d, L)` is B(0..L), by angle addition;
   * `first_negative(base, d, L)` is the first distance with B(m) < 0 (None: the base passes);
+    `first_negative_of(freqs, L)` the same for any frequencies (a plan's, or a scaled spectrum);
   * `base_lower_bound(L, d)` is the infimum of the passing bases. They do not form an interval: on
     a fine grid, passing islands appear well below the base from which every larger one passes
     (d = 128, L = 8192: the first island starts near 8.4e4, the unbroken run near 1.8e5), so a grid
@@ -68,7 +69,12 @@ def discrimination_upto(base: float, rotary_dims: int, context: int) -> np.ndarr
     """B(m) for every m = 0..context, by angle addition: with m = s + k (s a multiple of K, k < K),
     cos(m theta) = cos(s theta) cos(k theta) - sin(s theta) sin(k theta), so summing over the pairs is
     a matrix product of a (K, d/2) table by (d/2, blocks) one, far cheaper than a cosine per (m, pair)."""
-    freqs = _frequencies(base, rotary_dims)
+    return frequency_discrimination_upto(_frequencies(base, rotary_dims), context)
+
+
+def frequency_discrimination_upto(freqs: np.ndarray, context: int) -> np.ndarray:
+    """`discrimination_upto` for any set of pair frequencies (a plan's, a truncated or scaled spectrum)."""
+    freqs = np.asarray(freqs, dtype=np.float64)
     k = np.arange(_BLOCK, dtype=np.float64)
     starts = np.arange(0, context + 1, _BLOCK, dtype=np.float64)
     block_angles = np.multiply.outer(starts, freqs).T  # (d/2, blocks)
@@ -79,7 +85,12 @@ def discrimination_upto(base: float, rotary_dims: int, context: int) -> np.ndarr
 
 def first_negative(base: float, rotary_dims: int, context: int) -> Optional[int]:
     """The smallest integer distance m in [0, context] with B(m) < 0, or None if there is none."""
-    negative = np.flatnonzero(discrimination_upto(base, rotary_dims, context) < 0)
+    return first_negative_of(_frequencies(base, rotary_dims), context)
+
+
+def first_negative_of(freqs: np.ndarray, context: int) -> Optional[int]:
+    """`first_negative` for any set of pair frequencies."""
+    negative = np.flatnonzero(frequency_discrimination_upto(freqs, context) < 0)
     return int(negative[0]) if negative.size else None
 
 

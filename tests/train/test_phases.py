@@ -14,7 +14,8 @@ from ropelab.sources import load
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
-from ropelab.train.phases import resolve_phases
+from ropelab.rope_bound import first_negative
+from ropelab.train.phases import base_warnings, resolve_phases
 
 PHASES = {"train": {"phases": [
     {"name": "short", "steps": 6, "overrides": {"model.rope.theta": 10000, "train.lr": 3e-3}},
@@ -112,3 +113,21 @@ def test_a_phase_switches_yarn_on_in_training(monkeypatch, tmp_path, tiny_overri
     assert set(seen[:switch]) == {None} and set(seen[switch:]) == {"yarn"}
     rope = load(tmp_path / "run").model.ropes[0]
     assert rope.config.scaling.method == "yarn" and rope.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+
+
+def test_a_phase_below_the_base_bound_warns_in_one_line(tiny_overrides, tmp_path, capsys):
+    config = build_run_config(overrides=[*tiny_overrides, "train.phases=[{name: short, steps: 1}, {name: long, steps: 1}]",
+                                         "train.phases[1].overrides.data.seq_len=64",
+                                         "train.phases[1].overrides.model.rope.theta=3"])
+    lines = base_warnings(resolve_phases(config))
+    assert len(lines) == 1 and "phase 'long': RoPE theta 3 on 16 rotary dims (every layer)" in lines[0]
+    distance = int(lines[0].split("from distance ")[1].split(" ")[0])
+    assert distance == first_negative(3.0, 16, 63)  # the layer's own frequencies are the slice spectrum here
+    train(config, tmp_path / "run")
+    assert lines[0] in capsys.readouterr().err.splitlines()
+    linear = build_run_config(overrides=[*tiny_overrides, "model.rope.theta=3", "data.seq_len=64",
+                                         "model.rope.scaling={method: linear, factor: 8}"])
+    scaled = int(base_warnings(resolve_phases(linear))[0].split("from distance ")[1].split(" ")[0])
+    assert scaled > distance  # the scaled frequencies are the ones checked: positions turn 8x slower
+    nope = build_run_config(overrides=[*tiny_overrides, "model.rope.fraction=0", "data.seq_len=64"])
+    assert base_warnings(resolve_phases(nope)) == []

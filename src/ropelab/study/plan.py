@@ -15,7 +15,7 @@ from ropelab.config import RunConfig
 from ropelab.model import Transformer
 from ropelab.sources.plans import shape_config
 from ropelab.study.grid import PlannedRun
-from ropelab.train.phases import resolve_phases
+from ropelab.train.phases import base_warnings, resolve_phases
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s, NVIDIA H100 SXM datasheet (H200 has the same compute)
 
@@ -44,6 +44,7 @@ def run_plan(run: PlannedRun, mfu: float = 0.4, peak_flops: float = H100_BF16_PE
         "flops": flops,
         "gpu_hours": flops / (mfu * peak_flops) / 3600,
         "memory_per_gpu_gb": (16 * params + activations) / 1e9,
+        "warnings": base_warnings(phases),
     }
 
 
@@ -61,4 +62,7 @@ def print_plan(runs: list[PlannedRun], mfu: float = 0.4) -> list[dict]:
     total = sum(r["gpu_hours"] for r in rows)
     table.add_row("total", "", f"{sum(r['tokens'] for r in rows):.3g}", "", f"{sum(r['flops'] for r in rows):.3g}", f"{total:,.1f}", "")
     Console().print(table)
+    for r in rows:
+        for line in r["warnings"]:
+            print(f"{r['run']}: {line}")
     return rows

@@ -41,7 +41,7 @@ from ropelab.train.distributed import (
 from ropelab.train.metrics import MetricsLog, read_metrics
 from ropelab.train.objectives import Objective, build_objective
 from ropelab.train.optim import build_optimizer, lr_at, set_lr
-from ropelab.train.phases import Phase, phase_at, resolve_phases
+from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases
 from ropelab.train.throughput import Throughput
 
 Callback = Callable[[dict], None]
@@ -244,6 +244,9 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
 
     phases = resolve_phases(config, env.world)
+    if env.is_main and not resume:
+        for line in base_warnings(phases):
+            print(line, file=sys.stderr)
     config.train.steps = phases[-1].end
     loaders = {}
 

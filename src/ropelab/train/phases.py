@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, set_dotted
+from ropelab.rope import layer_frequencies
+from ropelab.rope_bound import first_negative_of
 
 
 @dataclass
@@ -53,6 +55,33 @@ def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
         phases.append(Phase(i, spec.name or f"phase{i}", start, start + steps, phase_config))
         start += steps
     return phases
+
+
+def base_warnings(phases: list[Phase]) -> list[str]:
+    """One line per phase whose RoPE frequencies, at its window length, fall short of Men et al.'s
+    base bound (`ropelab.rope_bound`): some distance within the window where a key similar to the
+    query gets less attention than a random one. Checked on each layer's own frequencies (its
+    spectrum, plan and scaling at that length); NoPE layers have none."""
+    lines = []
+    for phase in phases:
+        model, context = phase.config.model, phase.config.data.seq_len
+        short = {}  # (theta, rotary dims) -> (first failing distance, layers)
+        for layer in range(model.n_layer):
+            rope = model.rope_for_layer(layer)
+            if rope.resolve_dims(model.head_size) == 0 or (rope.select == "2-norm" and rope.pairs is None):
+                continue  # no RoPE, or pairs that calibration chooses when the run starts
+            dims = rope.resolve_dims(model.head_size)
+            freqs = layer_frequencies(rope, model.head_size, model.kv_heads, context).reshape(-1, dims // 2)
+            failing = [m for m in (first_negative_of(row.numpy(), context - 1) for row in freqs) if m is not None]
+            if failing:
+                key = (rope.theta, dims)
+                short.setdefault(key, (min(failing), []))[1].append(layer)
+        for (theta, dims), (distance, layers) in short.items():
+            which = "every layer" if len(layers) == model.n_layer else f"layers {', '.join(map(str, layers))}"
+            lines.append(f"warning: phase {phase.name!r}: RoPE theta {theta:g} on {dims} rotary dims ({which}) is below "
+                         f"the base bound for {context:,}-token windows: a similar key loses to a random one from "
+                         f"distance {distance:,} (Men et al. 2024; `ropelab rope-base --context {context} --dims {dims}`)")
+    return lines
 
 
 def phase_at(phases: list[Phase], step: int) -> Phase:
