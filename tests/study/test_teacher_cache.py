@@ -10,7 +10,7 @@ from ropelab.study.teacher_cache import FOLDER, shared_caches
 
 STUDENT = {"model": {"n_layer": 1, "d_model": 32, "n_head": 2, "n_kv_head": 1, "d_ff": 64},
            "data": {"tokenizer": "bpe:300", "seq_len": 32},
-           "train": {"steps": 3, "micro_batch": 2, "eval_every": 3, "eval_batches": 1, "checkpoint_every": 3,
+           "train": {"steps": 2, "micro_batch": 2, "eval_every": 2, "eval_batches": 1, "checkpoint_every": 2,
                      "progress": False, "tensorboard": False}}
 
 

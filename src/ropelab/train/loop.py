@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
-from ropelab.data.loader import Batch, PackedLoader
+from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
 from ropelab.errors import TrainingDiverged, WriteFailed, one_line
