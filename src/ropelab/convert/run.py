@@ -17,17 +17,17 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from ropelab.config import ConfigError, RunConfig
 from ropelab.convert.config import convert_config
 from ropelab.convert.report import pairs_heatmap
-from ropelab.data.loader import Batch, PackedLoader
+from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import HFTokenizer
 from ropelab.files import refuse_existing
 from ropelab.model import Transformer
-from ropelab.sources.calibrate import held_out_check, two_norm_scores
+from ropelab.sources.calibrate import calibration_batches, held_out_check, two_norm_scores
 from ropelab.sources.imported import write_imported
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans, target_config
@@ -45,12 +45,6 @@ def _loaders(config: RunConfig, corpus: str, seq_len: int, seed: int) -> tuple[P
     except ConfigError as exc:
         raise ConfigError(f"calibration.corpus={corpus!r}: {exc}") from None
     return train, val
-
-
-def _calibration_batches(loader: PackedLoader, tokens: int, micro_batch: int = 4) -> Iterable[Batch]:
-    windows = loader.sample_windows(0, math.ceil(tokens / loader.seq_len))
-    for start in range(0, len(windows), micro_batch):
-        yield loader.collate(windows[start: start + micro_batch])
 
 
 def savings(source: Transformer, converted: Transformer) -> dict:
@@ -97,7 +91,7 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
     scores = None
     if needs_scores(target):
         log(f"calibrating on {calibration.tokens:,} tokens of {calibration.corpus}")
-        scores = two_norm_scores(loaded.model, _calibration_batches(train, calibration.tokens))
+        scores = two_norm_scores(loaded.model, calibration_batches(train, calibration.tokens, micro_batch=4))
     plans, new_config = resolve_plans(target, scores)
     keep = len(plans[0][0])
     converted = apply_plan(loaded.model, new_config, plans).eval()

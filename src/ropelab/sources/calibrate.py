@@ -1,5 +1,7 @@
 """A RoPE plan and data: the 2-norm calibration that chooses pairs, and the check right after conversion.
 
+  calibration_batches(loader, tokens, micro_batch)
+                                       the calibration windows, deterministic for the loader's seed
   two_norm_scores(model, batches)      per layer, MHA2MLA's score of every pair of every KV head
   held_out_check(source, converted, batches)
                                        both models' loss and KL(source || converted) per token
@@ -12,14 +14,22 @@ nothing is stored but running sums.
 
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ropelab.data.loader import Batch
+from ropelab.data.loader import Batch, PackedLoader
 from ropelab.model import Transformer
 from ropelab.rope_pairs import pair_norms, pair_scores
+
+
+def calibration_batches(loader: PackedLoader, tokens: int, micro_batch: int) -> Iterator[Batch]:
+    """The first `tokens` (rounded up to whole windows) of `loader`'s sampled order, in micro-batches."""
+    windows = loader.sample_windows(0, math.ceil(tokens / loader.seq_len))
+    for start in range(0, len(windows), micro_batch):
+        yield loader.collate(windows[start: start + micro_batch])
 
 
 @torch.no_grad()
@@ -77,4 +87,4 @@ def held_out_check(source: Transformer, converted: Transformer, batches: Iterabl
     return {key: value / tokens for key, value in totals.items()} | {"tokens": tokens}
 
 
-__all__ = ["pair_norm_means", "two_norm_scores", "held_out_check"]
+__all__ = ["calibration_batches", "pair_norm_means", "two_norm_scores", "held_out_check"]

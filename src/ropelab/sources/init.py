@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from typing import Optional
 
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
 from ropelab.data.loader import PackedLoader
 from ropelab.data.tokenizer import load_tokenizer
-from ropelab.sources.calibrate import held_out_check, two_norm_scores
+from ropelab.sources.calibrate import calibration_batches, held_out_check, two_norm_scores
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
@@ -139,9 +138,8 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
     label = plan_label(config.model)
     scores = None
     if needs_scores(config.model):
-        windows = train_loader.sample_windows(0, math.ceil(config.train.calibration_tokens / train_loader.seq_len))
-        micro = config.train.micro_batch
-        scores = two_norm_scores(model, (train_loader.collate(windows[i: i + micro]) for i in range(0, len(windows), micro)))
+        batches = calibration_batches(train_loader, config.train.calibration_tokens, config.train.micro_batch)
+        scores = two_norm_scores(model, batches)
     plans, config.model = resolve_plans(config.model, scores)
     converted = apply_plan(model, config.model, plans).eval()
     windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
