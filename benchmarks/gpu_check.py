@@ -115,9 +115,10 @@ def junit_counts(xml: Path) -> dict:
 def cuda_tests(log: Path, dry_run: bool, timeout: float) -> dict:
     xml = log.with_suffix(".xml")
     # -v and --durations: which tests pass and what their time is, for sizing the next check;
-    # -rfEs: the reasons of failures, errors and skips at the end, where the recorded tail is
-    code = run_logged([sys.executable, "-m", "pytest", "-m", "cuda", "-v", "--tb=short", "--durations=15", "-rfEs",
-                       "-p", "no:cacheprovider", f"--junitxml={xml}", "tests/test_cuda.py"], log, timeout)
+    # -rfEs: the reasons of failures, errors and skips at the end, where the recorded tail is;
+    # -n 0: one process for the one GPU (pyproject.toml's addopts start a pytest-xdist worker per core)
+    code = run_logged([sys.executable, "-m", "pytest", "-n", "0", "-m", "cuda", "-v", "--tb=short", "--durations=15",
+                       "-rfEs", "-p", "no:cacheprovider", f"--junitxml={xml}", "tests/test_cuda.py"], log, timeout)
     if not xml.is_file():
         raise StageFailed(f"exit status {code}, no JUnit XML written")
     figures = {**junit_counts(xml), "junit": xml.name}

@@ -4,6 +4,13 @@ import sys
 from pathlib import Path, PurePath
 
 import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one test process per core: one torch thread each (two processes' 2-thread
+    # OpenMP regions on 2 cores wait on each other whenever one is descheduled)
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the subprocesses tests start
 
 
 @pytest.fixture(scope="session", autouse=True)

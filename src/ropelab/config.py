@@ -357,8 +357,9 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 class DataConfig:
     """Where tokens come from and how they are packed into windows.
 
-    `corpus`: ``stdlib`` (the built-in corpus, tokenized on first use) or a folder written by
-    ``ropelab data prepare`` (its own validation split; `val_percent` applies to stdlib only).
+    `corpus`: ``stdlib`` or ``stdlib-prose`` (the built-in corpora: standard-library source, or its
+    docstrings and comments; tokenized on first use) or a folder written by ``ropelab data prepare``
+    (its own validation split; `val_percent` applies to the built-in corpora only).
     `pack`: ``cross`` cuts the token stream every `seq_len` tokens, documents running across
     window edges; ``whole`` keeps documents whole, padding the rest of a window (no loss on
     padding) and cutting documents longer than `seq_len` into pieces.
@@ -370,7 +371,7 @@ class DataConfig:
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
 
-    corpus: str = "stdlib"  # "stdlib", or a prepared shard folder
+    corpus: str = "stdlib"  # "stdlib", "stdlib-prose", or a prepared shard folder
     tokenizer: str = "bytes"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
     seq_len: int = 256
     positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document

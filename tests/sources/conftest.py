@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-# 2 by default; on a machine whose cores are busy with other work, 1 is several times faster
-# (two threads wait on each other whenever one is descheduled).
-THREADS = int(os.environ.get("ROPELAB_TEST_THREADS", "2"))
+# 2 by default (1 under pytest-xdist, one worker per core); on a machine whose cores are busy with
+# other work, 1 is several times faster (two threads wait on each other whenever one is descheduled).
+THREADS = int(os.environ.get("ROPELAB_TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"))
 
 
 @contextlib.contextmanager

@@ -52,6 +52,11 @@ def test_every_shipped_config_loads_and_dry_runs(path, capsys):
     if {"variants", "grid"} & keys:
         assert main(["study", "--config", str(path), "--dry-run"]) == 0
         assert "GPU-hours" in capsys.readouterr().out
+    elif "methods" in keys:  # `ropelab eval extrapolation --config`
+        from ropelab.evaluate.extrapolation import make_settings
+
+        options = load_yaml(path)
+        assert options.pop("runs") and make_settings(**options).lengths
     elif "runs" in keys:  # `ropelab eval longctx --config`
         from ropelab.evaluate.longctx_items import make_settings
 

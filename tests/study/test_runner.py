@@ -1,4 +1,6 @@
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -23,40 +25,48 @@ def study(**grid):
     return StudyConfig(name="t", base=BASE, grid=grid or {"model.rope.fraction": [0.0, 1.0]})
 
 
-def test_runs_finish_and_are_never_recomputed(tmp_path):
-    statuses = run_study(study(), tmp_path, jobs=2, live=False)
-    assert statuses == {"fraction0": "done", "fraction1": "done"}
-    metrics = (tmp_path / "runs/fraction0/metrics.jsonl").read_text()
-    assert run_study(study(), tmp_path, live=False) == statuses
-    assert (tmp_path / "runs/fraction0/metrics.jsonl").read_text() == metrics
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """Read-only: the two-run study, finished (tests copy it before changing anything)."""
+    out = tmp_path_factory.mktemp("finished") / "study"
+    assert run_study(study(), out, jobs=2, live=False) == {"fraction0": "done", "fraction1": "done"}
+    return out
 
 
-def test_unfinished_run_resumes_from_its_checkpoint(tmp_path):
-    run_study(study(), tmp_path, live=False)
-    run = tmp_path / "runs/fraction1"
+def copy_of(finished, tmp_path):
+    return Path(shutil.copytree(finished, tmp_path / "study"))
+
+
+def test_runs_finish_and_are_never_recomputed(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    metrics = (out / "runs/fraction0/metrics.jsonl").read_text()
+    assert run_study(study(), out, live=False) == {"fraction0": "done", "fraction1": "done"}
+    assert (out / "runs/fraction0/metrics.jsonl").read_text() == metrics
+
+
+def test_unfinished_run_resumes_from_its_checkpoint(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    run = out / "runs/fraction1"
     full = losses(run)
     (run / "result.json").unlink()
     last = latest_checkpoint(run)
     last.rename(last.parent / ".deleted")  # as if the run died after its step-2 checkpoint
-    assert run_study(study(), tmp_path, live=False)["fraction1"] == "done"
+    assert run_study(study(), out, live=False)["fraction1"] == "done"
     assert losses(run) == full
 
 
-def test_a_different_grid_is_refused(tmp_path):
-    run_study(study(), tmp_path, live=False)
+def test_a_different_grid_is_refused(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
     with pytest.raises(ConfigError, match="different grid"):
-        run_study(study(**{"model.rope.fraction": [0.5]}), tmp_path, live=False)
+        run_study(study(**{"model.rope.fraction": [0.5]}), out, live=False)
 
 
 def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
-    bad = StudyConfig(name="t", base={**BASE, "data": {**BASE["data"], "tokenizer": str(tmp_path / "missing.json")}},
-                      variants=[{"name": "broken"}])
-    statuses = run_study(bad, tmp_path / "bad", live=False)
-    assert statuses == {"broken": "failed"}
-    assert "missing.json" in (tmp_path / "bad/runs/broken/error.txt").read_text()
-    ok = run_study(study(), tmp_path / "ok", live=False)
-    assert set(ok.values()) == {"done"}
-    assert json.loads((tmp_path / "ok/runs/fraction0/result.json").read_text())["steps"] == 4
+    variants = [{"name": "broken", "data.tokenizer": str(tmp_path / "missing.json")}, {"name": "ok"}]
+    statuses = run_study(StudyConfig(name="t", base=BASE, variants=variants), tmp_path, jobs=2, live=False)
+    assert statuses == {"broken": "failed", "ok": "done"}
+    assert "missing.json" in (tmp_path / "runs/broken/error.txt").read_text()
+    assert json.loads((tmp_path / "runs/ok/result.json").read_text())["steps"] == 4
 
 
 def test_study_command_writes_every_output(tmp_path, capsys):

@@ -1,11 +1,14 @@
-"""Study runs that refer to each other, and the optional report sections (phases, long context)."""
+"""Study runs that refer to each other, and the optional report sections (phases, long context, extrapolation)."""
 
 import json
+import shutil
 
 import pytest
 
 from ropelab.config import ConfigError
 from ropelab.study.grid import StudyConfig, expand, references, resolve_references
+from ropelab.study.extrapolation import evaluate_study_extrapolation
+from ropelab.study.grid import load_study
 from ropelab.study.report import write_report
 from ropelab.study.sections import longctx_section, phase_section
 
@@ -60,3 +63,24 @@ def test_phase_table_and_long_context_section_reach_the_report(tmp_path):
     assert "## Validation loss after each phase" in text and "## Long-context evaluation" in text
     assert "![longctx/longctx_heatmap.png](longctx/longctx_heatmap.png)" in text
     assert "Validation loss after each phase" in paths["report.html"].read_text()
+
+
+def test_extrapolation_section_holds_the_figure_and_the_table(run, tmp_path):
+    (tmp_path / "runs").mkdir()
+    shutil.copytree(run, tmp_path / "runs" / "rope100")
+    options = {"lengths": [64], "methods": ["none", "linear"], "windows": 1, "passkey": False}
+    assert evaluate_study_extrapolation(tmp_path, options, ["rope100"], progress=False) is not None
+    assert evaluate_study_extrapolation(tmp_path, options, ["rope100"], progress=False) is None  # kept, not redone
+    text = write_report(tmp_path)["report.md"].read_text()
+    section = text.split("## Extrapolation", 1)[1]
+    assert "![extrapolation/loss_by_position.png](extrapolation/loss_by_position.png)" in section
+    assert "| method | 64 (2 T0) |" in section and "| linear |" in section
+    assert (tmp_path / "extrapolation" / "loss_by_position.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "extrapolation" / "extrapolation.json").read_text())["runs"][0]["cells"][1]["method"] == "linear"
+
+
+def test_a_bad_extrapolation_option_in_a_study_is_refused_at_load(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\nvariants: [{name: a}]\nextrapolation: {lengths: [512], methods: [none, pi]}\n")
+    with pytest.raises(ConfigError, match=r"s.yaml: extrapolation: methods=none,pi: choose one or more of"):
+        load_study(path)

@@ -62,7 +62,7 @@ def _wait_for_step(run_dir, step, proc, timeout=120):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_interrupt_and_resume_gives_same_losses(tmp_path, tiny_overrides, sig):
-    overrides = tiny_overrides + ["train.steps=150", "train.checkpoint_every=5", "train.eval_every=50"]
+    overrides = tiny_overrides + ["train.steps=60", "train.checkpoint_every=5", "train.eval_every=50"]
     reference = tmp_path / "reference"
     torch.set_num_threads(1)
     train(build_run_config(overrides=overrides), reference)

@@ -10,7 +10,8 @@ from ropelab.cli.common import Command, command_group
 
 def _add_data_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True,
-                   help="stdlib; a .jsonl/.json/.parquet/.txt file or a folder of them (a .txt file is one document); "
+                   help="stdlib or stdlib-prose (built in); a .jsonl/.json/.parquet/.txt file or a folder of them "
+                        "(a .txt file is one document); "
                         "or a Hugging Face dataset: owner/name or hf:NAME (streamed)")
     p.add_argument("--hf-config", help="dataset config (subset) name, e.g. sample-100BT")
     p.add_argument("--split", default="train", help="dataset split to read (default: train)")

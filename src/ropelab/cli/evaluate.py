@@ -1,4 +1,4 @@
-"""`ropelab eval lm` and `ropelab eval longctx`."""
+"""`ropelab eval lm`, `ropelab eval longctx` and `ropelab eval extrapolation`."""
 
 from __future__ import annotations
 
@@ -35,12 +35,30 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
+def _add_sources(p: argparse.ArgumentParser, files: str) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="model sources: runs, <run>/checkpoints/step_N, imported or HF "
                                                            "folders, .gguf files, smollm2-135m")
     add_config_argument(p)
-    p.add_argument("--out", dest="out_dir", required=True,
-                   help="folder for longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png (not one holding earlier ones)")
+    p.add_argument("--out", dest="out_dir", required=True, help=f"folder for {files} (not one holding earlier ones)")
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def _evaluate_sources(args: argparse.Namespace, names: tuple[str, ...], evaluate, table: str) -> int:
+    """The options of the command line and --config into the library call; prints the `table` file."""
+    options = options_with_config(args, names, "runs")
+    runs = options.pop("runs")
+    results = evaluate(runs, args.out_dir, progress=not args.no_progress, **options)
+    print(open(results["files"][table]).read().rstrip())
+    print("wrote " + ", ".join(results["files"].values()))
+    return 0
+
+
+def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
+    _add_sources(p, "longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png")
     p.add_argument("--tasks", help="comma-separated: passkey, needle (default: both)")
     p.add_argument("--lengths", type=token_counts, help="prompt lengths in tokens, k = 1024 (default 256,512,1k,2k,4k)")
     p.add_argument("--depths", type=numbers, help="needle positions in the haystack, 0 = start, 1 = end (default 0,0.25,0.5,0.75,1)")
@@ -51,8 +69,7 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-windows", type=int, help="validation windows for loss by position (default 4)")
     p.add_argument("--seed", type=int, help="item seed (default 0): equal seeds give equal items to runs of one data config")
     p.add_argument("--batch-size", type=int, help="prompts (or loss windows) per forward pass (default 8)")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    _add_device(p)
 
 
 def cmd_eval_longctx(args: argparse.Namespace) -> int:
@@ -60,18 +77,43 @@ def cmd_eval_longctx(args: argparse.Namespace) -> int:
 
     names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed",
              "batch_size", "device")
-    options = options_with_config(args, names, "runs")
-    runs = options.pop("runs")
-    results = evaluate_longctx(runs, args.out_dir, progress=not args.no_progress, **options)
-    print(open(results["files"]["longctx.md"]).read().rstrip())
-    print("wrote " + ", ".join(results["files"].values()))
-    return 0
+    return _evaluate_sources(args, names, evaluate_longctx, "longctx.md")
+
+
+def _add_eval_extrapolation(p: argparse.ArgumentParser) -> None:
+    _add_sources(p, "extrapolation.json, extrapolation.md, loss_by_position.png")
+    p.add_argument("--lengths", type=token_counts, help="context lengths in tokens, k = 1024; beyond the training length "
+                                                         "(and max_seq_len) is the point, e.g. 512,1k,2k")
+    p.add_argument("--methods", help="comma-separated: none, linear, ntk, yarn, dynamic, llama3 "
+                                     "(default none,linear,ntk,yarn,dynamic; none = the model as trained)")
+    p.add_argument("--factor", type=float, help="every method's factor (default: length / trained length at each length)")
+    p.add_argument("--windows", type=int, help="validation windows for loss by position (default 4)")
+    p.add_argument("--no-passkey", dest="passkey", action="store_const", const=False,
+                   help="loss by position only (passkey retrieval costs about one forward pass per item)")
+    p.add_argument("--depths", type=numbers, help="passkey needle positions, 0 = start, 1 = end (default 0,0.5,1)")
+    p.add_argument("--items", type=int, help="passkey items per (length, depth) (default 2)")
+    p.add_argument("--distractors", type=int, help="wrong passkeys the true one is ranked against (default 9)")
+    p.add_argument("--digits", type=int, help="digits of the passkey (default 5)")
+    p.add_argument("--buckets", type=int, help="log-spaced position buckets of loss by position (default 12)")
+    p.add_argument("--seed", type=int, help="window and item seed (default 0)")
+    p.add_argument("--batch-size", type=int, help="windows or prompts per forward pass (default 4)")
+    _add_device(p)
+
+
+def cmd_eval_extrapolation(args: argparse.Namespace) -> int:
+    from ropelab.evaluate.extrapolation import evaluate_extrapolation
+
+    names = ("lengths", "methods", "factor", "windows", "passkey", "depths", "items", "distractors", "digits", "buckets",
+             "seed", "batch_size", "device")
+    return _evaluate_sources(args, names, evaluate_extrapolation, "extrapolation.md")
 
 
 EVAL_COMMANDS: list[Command] = [
     ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
     ("longctx", _add_eval_longctx, cmd_eval_longctx,
      "passkey and needle-in-a-haystack retrieval over context lengths x depths, and loss by position"),
+    ("extrapolation", _add_eval_extrapolation, cmd_eval_extrapolation,
+     "RoPE scaling methods (none, linear, ntk, yarn, dynamic) beyond the trained length: loss by position, passkey"),
 ]
 
 
@@ -79,5 +121,6 @@ _add_eval, cmd_eval = command_group(EVAL_COMMANDS, "eval")
 
 
 COMMANDS: list[Command] = [
-    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, loss by position)"),
+    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, loss by position), "
+                                  "`eval extrapolation` (RoPE scaling methods beyond the trained length)"),
 ]

@@ -37,10 +37,15 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ropelab.study.runner import run_study
 
     statuses = run_study(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    done = [k for k, v in statuses.items() if v == "done"]
     if study.longctx is not None:
         from ropelab.study.sections import evaluate_study_longctx
 
-        evaluate_study_longctx(args.out, study.longctx, [k for k, v in statuses.items() if v == "done"], not args.no_live)
+        evaluate_study_longctx(args.out, study.longctx, done, not args.no_live)
+    if study.extrapolation is not None:
+        from ropelab.study.extrapolation import evaluate_study_extrapolation
+
+        evaluate_study_extrapolation(args.out, study.extrapolation, done, not args.no_live)
     from ropelab.study.report import write_report
 
     paths = write_report(args.out)

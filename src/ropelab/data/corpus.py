@@ -1,4 +1,4 @@
-"""Built-in corpus: the running Python's standard-library source, one file per document.
+"""Built-in corpus `stdlib`: the running Python's standard-library source, one file per document.
 
 Real, varied text that every fresh machine has without network. Test folders and
 site-packages are left out; a stable hash of each file's relative path puts it in the
@@ -11,7 +11,6 @@ import hashlib
 import os
 import sysconfig
 from pathlib import Path
-from typing import Iterator
 
 EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
@@ -46,9 +45,6 @@ def stdlib_files(split: str, val_percent: float = 2.0) -> list[Path]:
     return [path for relative, path in stdlib_entries() if in_validation(relative, val_percent) == want_val]
 
 
-def stdlib_documents(split: str, val_percent: float = 2.0) -> Iterator[str]:
-    """Yield the text of each standard-library file in `split` (undecodable bytes replaced)."""
-    for path in stdlib_files(split, val_percent):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if text.strip():
-            yield text
+def stdlib_text(path: Path) -> str:
+    """The `stdlib` document of one standard-library file (undecodable bytes replaced)."""
+    return path.read_text(encoding="utf-8", errors="replace")

@@ -12,20 +12,21 @@ from pathlib import Path
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
 from ropelab.data.prepare import builtin_token_folder
+from ropelab.data.sources import BUILTIN_CORPORA
 from ropelab.data.tokenizer import load_tokenizer
 from ropelab.data.tokens import SPLITS, check_sizes, open_split, read_manifest
 from ropelab.data.verify import verify_checksums
 
 
 def token_folder(config: RunConfig) -> Path:
-    """The prepared token folder for the run's corpus (the built-in corpus is tokenized on first use)."""
+    """The prepared token folder for the run's corpus (a built-in corpus is tokenized on first use)."""
     data = config.data
-    if data.corpus == "stdlib":
+    if data.corpus in BUILTIN_CORPORA:
         tokenizer = load_tokenizer(data.tokenizer, data.corpus, data.val_percent)
         return builtin_token_folder(data.corpus, tokenizer, data.val_percent)
     folder = Path(data.corpus)
     if not folder.is_dir():
-        raise ConfigError(f"data.corpus={data.corpus!r}: neither 'stdlib' nor a prepared token folder")
+        raise ConfigError(f"data.corpus={data.corpus!r}: neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) nor a prepared token folder")
     return folder
 
 
@@ -68,7 +69,7 @@ def build_loaders(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
     d = config.data
     folder = token_folder(config)
     manifest = open_token_folder(folder, d.verify)
-    if d.corpus != "stdlib":
+    if d.corpus not in BUILTIN_CORPORA:
         check_tokenizer(folder, manifest, d.tokenizer)
     check_vocab(folder, manifest, config.model.vocab_size)
     pad_id = manifest["pad_id"] if manifest["pad_id"] is not None else manifest["eos_id"]

@@ -1,11 +1,13 @@
-"""Document sources: the built-in `stdlib` corpus, local files, or a Hugging Face dataset.
+"""Document sources: the built-in corpora (`stdlib`, `stdlib-prose`), local files, or a Hugging Face dataset.
 
 A source yields ``(key, text)`` pairs in a fixed order; the key decides the validation split
-(`corpus.in_validation`): the relative path for `stdlib` (the built-in split), None elsewhere,
-meaning the text itself, so a document lands in the same split whatever its position.
+(`corpus.in_validation`): the relative path for a built-in corpus (the built-in split, the same
+for both), None elsewhere, meaning the text itself, so a document lands in the same split
+whatever its position.
 
 Spec strings (``--source``):
-  * ``stdlib``                    – the built-in corpus;
+  * ``stdlib``                    – the built-in corpus of standard-library source;
+  * ``stdlib-prose``              – the built-in corpus of its docstrings and comments (`ropelab.data.prose`);
   * a ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a folder of such files (one type,
     read in path order). A ``.txt`` file is one document; json and parquet rows are documents
     whose text is in `text_field`;
@@ -27,27 +29,33 @@ from typing import Any, Iterator, Optional
 
 from ropelab import hub
 from ropelab.config import ConfigError
-from ropelab.data.corpus import stdlib_documents, stdlib_entries, stdlib_root
+from ropelab.data.corpus import stdlib_entries, stdlib_files, stdlib_root, stdlib_text
+from ropelab.data.prose import EXTRACTION, stdlib_prose
 from ropelab.errors import one_line
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 HUB_TIMEOUT_S = 5.0
+BUILTIN_CORPORA = {"stdlib": stdlib_text, "stdlib-prose": stdlib_prose}  # name -> the document of one stdlib file
 
 
 def corpus_key(corpus: str, val_percent: float) -> str:
     """Short stable key for caches derived from a corpus and its split."""
-    if corpus == "stdlib":
-        ident = f"stdlib:{sys.version_info.major}.{sys.version_info.minor}:{stdlib_root()}:{val_percent}"
+    if corpus in BUILTIN_CORPORA:
+        ident = f"{corpus}:{sys.version_info.major}.{sys.version_info.minor}:{stdlib_root()}:{val_percent}"
+        if corpus == "stdlib-prose":
+            ident += f":{EXTRACTION}"
     else:
         ident = f"{Path(corpus).resolve()}:{val_percent}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
 def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Iterator[str]:
-    if corpus == "stdlib":
-        return stdlib_documents(split, val_percent)
-    raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for 'stdlib'; prepare other sources into a token folder")
+    if corpus in BUILTIN_CORPORA:
+        texts = map(BUILTIN_CORPORA[corpus], stdlib_files(split, val_percent))
+        return (text for text in texts if text.strip())
+    raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for {', '.join(BUILTIN_CORPORA)}; "
+                      "prepare other sources into a token folder")
 
 
 def check_hub_reachable(name: str) -> None:
@@ -78,8 +86,8 @@ class Source:
         self.files: list[Path] = self._local_files() if self.kind == "local" else []
 
     def _classify(self) -> tuple[str, str]:
-        if self.spec == "stdlib":
-            return "stdlib", "stdlib"
+        if self.spec in BUILTIN_CORPORA:
+            return self.spec, self.spec
         if self.spec.startswith("hf:"):
             return "dataset", self.spec[3:]
         path = Path(self.spec).expanduser()
@@ -105,13 +113,15 @@ class Source:
 
     def describe(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "name": self.location}
-        if self.kind == "stdlib":  # the corpus is the running Python's own source
+        if self.kind in BUILTIN_CORPORA:  # the corpus is the running Python's own source
             out["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if self.kind == "stdlib-prose":
+            out["extraction"] = EXTRACTION
         if self.kind == "local":
             out["files"] = len(self.files)
         if self.kind == "dataset":
             out |= {"config": self.hf_config, "split": self.split}
-        if self.kind != "stdlib":
+        if self.kind not in BUILTIN_CORPORA:
             out["text_field"] = self.text_field
         return out
 
@@ -119,9 +129,10 @@ class Source:
 
     def documents(self, skip: int = 0) -> Iterator[tuple[Optional[str], Optional[str]]]:
         """(key, text) of every document from position `skip` on; text None for a missing value."""
-        if self.kind == "stdlib":
+        if self.kind in BUILTIN_CORPORA:
+            document = BUILTIN_CORPORA[self.kind]
             for relative, path in stdlib_entries()[skip:]:
-                yield relative, path.read_text(encoding="utf-8", errors="replace")
+                yield relative, document(path)
             return
         rows = self._rows()
         if skip:

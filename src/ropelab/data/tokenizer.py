@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Protocol
 
 from ropelab.config import ConfigError
-from ropelab.data.sources import corpus_documents, corpus_key
+from ropelab.data.sources import BUILTIN_CORPORA, corpus_documents, corpus_key
 from ropelab.data.tokens import read_manifest
 
 
@@ -185,7 +185,7 @@ def tokenizer_file_fingerprint(path: Path) -> str:
 def prepared_folder_tokenizer(spec: str, corpus: str) -> Optional[Tokenizer]:
     """The tokenizer saved in prepared token folder `corpus`, if it was made with `spec`."""
     folder = Path(corpus)
-    if corpus == "stdlib" or not (folder / "manifest.json").is_file():
+    if corpus in BUILTIN_CORPORA or not (folder / "manifest.json").is_file():
         return None
     manifest = read_manifest(folder)
     if manifest["tokenizer"] != spec or spec == "bytes":

@@ -242,7 +242,18 @@ class _Run:
     items: dict[str, list[Item]]
 
 
-def _device(name: Optional[str]) -> torch.device:
+def validation_split(run: str, config) -> tuple[Any, Any]:
+    """(tokenizer, validation `TokenSplit`) of a run's data config; ConfigError when the split is empty."""
+    data = config.data
+    tokenizer = load_tokenizer(data.tokenizer, data.corpus, data.val_percent)
+    folder = token_folder(config)
+    manifest = open_token_folder(folder, "sizes")
+    if not manifest["splits"]["validation"]["tokens"]:
+        raise ConfigError(f"{run}: the validation split of {folder} is empty (data.corpus={data.corpus!r})")
+    return tokenizer, open_split(folder, "validation", manifest)
+
+
+def torch_device(name: Optional[str]) -> torch.device:
     if name and name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {name}: CUDA is not available on this machine")
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -254,12 +265,7 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
     data = config.data
     key = (data.tokenizer, data.corpus, data.val_percent)
     if key not in cache:
-        tokenizer = load_tokenizer(*key)
-        folder = token_folder(config)
-        manifest = open_token_folder(folder, "sizes")
-        if not manifest["splits"]["validation"]["tokens"]:
-            raise ConfigError(f"{run}: the validation split of {folder} is empty (data.corpus={data.corpus!r})")
-        validation = open_split(folder, "validation", manifest)
+        tokenizer, validation = validation_split(run, config)
         items = {}
         for task in settings.tasks:
             source = haystack_source(tokenizer, task, validation, max(settings.lengths))
@@ -283,16 +289,16 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
     return _Run(str(run), label, config, tokenizer, validation, items)
 
 
-def _progress(enabled: bool):
+def progress_bar(enabled: bool, title: str = "longctx"):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn("[bold]longctx[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn(f"[bold]{title}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not enabled,
     )
 
 
-def _trained_length(source: sources.Source, config) -> int:
+def trained_length(source: sources.Source, config) -> int:
     """The context the weights were trained at: data.seq_len for a ropelab run; for a model made
     elsewhere (HF, GGUF, or a folder of `ropelab import`) its own context, max_seq_len."""
     imported = not source.is_ropelab or (source.run_dir / IMPORT).is_file()
@@ -307,7 +313,7 @@ def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device
     entry: dict[str, Any] = {
         "label": run.label, "run": run.path, "checkpoint": str(source.checkpoint or source.location),
         "rope_theta": config.model.rope.theta, "rotary_dims": model.ropes[0].rotary_dims,
-        "head_dim": config.model.head_size, "train_seq_len": _trained_length(source, config),
+        "head_dim": config.model.head_size, "train_seq_len": trained_length(source, config),
         "max_seq_len": config.model.max_seq_len, "tokenizer": config.data.tokenizer, "tasks": {},
     }
     for task, items in run.items.items():
@@ -355,17 +361,17 @@ def evaluate_longctx(
     if not run_dirs:
         raise ConfigError("no run given")
     check_out_dir(out_dir)
-    torch_device = _device(device)
+    target = torch_device(device)
     labels = run_labels([str(r) for r in run_dirs])
     cache: dict = {}
     runs = [_prepare(str(r), label, settings, cache) for r, label in zip(run_dirs, labels)]
 
     steps = len(settings.tasks) * len(settings.lengths) + (1 if settings.loss_tokens else 0)
     entries = []
-    with _progress(progress) as bar:
+    with progress_bar(progress) as bar:
         task_id = bar.add_task("", total=steps * len(runs))
         for run in runs:
-            entries.append(_evaluate_run(run, settings, torch_device, bar, task_id))
+            entries.append(_evaluate_run(run, settings, target, bar, task_id))
     results = {"settings": dataclasses.asdict(settings), "runs": entries}
     write_reports(results, out_dir)
     return results
@@ -374,5 +380,5 @@ def evaluate_longctx(
 __all__ = [
     "greedy_along", "rank_of_true", "candidate_slots", "candidate_logits", "score_items",
     "summarize_cell", "log_buckets", "documents", "position_windows", "loss_by_position", "bucket_means",
-    "evaluate_longctx",
+    "validation_split", "torch_device", "progress_bar", "trained_length", "evaluate_longctx",
 ]

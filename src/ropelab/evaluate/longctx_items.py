@@ -99,16 +99,22 @@ class LongContextSettings:
         return length if self.loss_windows else 0
 
 
-def make_settings(settings: Optional[LongContextSettings] = None, **options: Any) -> LongContextSettings:
-    """`settings` (default: the defaults) with `options` replacing fields, validated."""
-    names = {f.name for f in dataclasses.fields(LongContextSettings)}
+def replace_validated(settings: Any, options: dict, kind: str, comma_lists: tuple[str, ...] = ()) -> Any:
+    """A settings dataclass with `options` replacing fields (lists as tuples; the `comma_lists` fields
+    also as "a,b" strings), validated; an unknown option is a ConfigError naming it and the `kind`."""
+    names = {f.name for f in dataclasses.fields(settings)}
     unknown = sorted(set(options) - names)
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown long-context option; allowed: {', '.join(sorted(names))}")
-    if isinstance(options.get("tasks"), str):
-        options["tasks"] = [t.strip() for t in options["tasks"].split(",") if t.strip()]
+        raise ConfigError(f"{unknown[0]}: unknown {kind} option; allowed: {', '.join(sorted(names))}")
+    options = {k: [t.strip() for t in v.split(",") if t.strip()] if k in comma_lists and isinstance(v, str) else v
+               for k, v in options.items()}
     options = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in options.items()}
-    return dataclasses.replace(settings or LongContextSettings(), **options).validate()
+    return dataclasses.replace(settings, **options).validate()
+
+
+def make_settings(settings: Optional[LongContextSettings] = None, **options: Any) -> LongContextSettings:
+    """`settings` (default: the defaults) with `options` replacing fields, validated."""
+    return replace_validated(settings or LongContextSettings(), options, "long-context", ("tasks",))
 
 
 # ------------------------------------------------------------------ items

@@ -23,13 +23,14 @@ METRICS = (("exact_match", "exact match"), ("mrr", "MRR"), ("acc_at_1", "acc@1")
 HEATMAP_METRICS = ("exact_match", "mrr")
 
 
-def check_out_dir(out_dir: str | Path) -> None:
+def check_out_dir(out_dir: str | Path, files: tuple[str, ...] = FILES, kind: str = "long-context") -> None:
+    """ConfigError unless `out_dir` is a folder (or nothing yet) holding none of `files`, the results of `kind`."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a folder")
-    taken = [name for name in FILES if (out / name).exists()]
+    taken = [name for name in files if (out / name).exists()]
     if taken:
-        raise ConfigError(f"{out}: already holds long-context results ({taken[0]}); choose a new --out (nothing is overwritten)")
+        raise ConfigError(f"{out}: already holds {kind} results ({taken[0]}); choose a new --out (nothing is overwritten)")
 
 
 # ------------------------------------------------------------------ table

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ropelab.config import ConfigError, RunConfig
-from ropelab.data.sources import corpus_documents
+from ropelab.data.sources import BUILTIN_CORPORA, corpus_documents
 from ropelab.data.tokenizer import Tokenizer
 from ropelab.data.tokens import open_split
 
@@ -114,7 +114,7 @@ def validation_content(config: RunConfig, tokenizer: Tokenizer, need: int) -> tu
     (special tokens dropped)."""
     data = config.data
     specials = _specials(tokenizer)
-    if data.corpus == "stdlib":
+    if data.corpus in BUILTIN_CORPORA:
         documents = (tokenizer.encode_batch([text])[0] for text in corpus_documents(data.corpus, "validation", data.val_percent))
     else:
         documents = _folder_documents(Path(data.corpus))

@@ -12,6 +12,7 @@ A study YAML looks like::
     grid:                    # optional: dotted key -> list of values (cartesian product)
       seed: [0, 1]
     longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
+    extrapolation: {lengths: [512, 1024]}   # optional: RoPE scaling methods beyond the trained length, every finished run
     teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
+from ropelab.evaluate.extrapolation import make_settings
 from ropelab.sources.init import run_config
 from ropelab.train.phases import resolve_phases
 
@@ -44,6 +46,7 @@ class StudyConfig:
     grid: dict = field(default_factory=dict)
     target_loss: float | None = None
     longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
+    extrapolation: dict | None = None  # `ropelab eval extrapolation` options, likewise
     teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
 
 
@@ -61,10 +64,18 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "teacher_cache"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {key!r}; allowed: {', '.join(sorted(allowed))}")
+    extrapolation = data.get("extrapolation")
+    if extrapolation is not None:  # checked now, not after training
+        if not isinstance(extrapolation, dict):
+            raise ConfigError(f"{path}: extrapolation: must map `ropelab eval extrapolation` options to values")
+        try:
+            make_settings(**extrapolation)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: extrapolation: {exc}") from None
     return StudyConfig(**data)
 
 

@@ -3,19 +3,20 @@
   * phases        validation loss after each phase of multi-phase runs (from result.json);
   * conversion    runs started from a source converted to a RoPE plan (`ropelab.study.conversion`);
   * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
-                  `evaluate_study_longctx` when the study YAML has a ``longctx`` key).
+                  `evaluate_study_longctx` when the study YAML has a ``longctx`` key);
+  * extrapolation RoPE scaling methods beyond the trained length (`ropelab.study.extrapolation`).
 Each section is markdown for report.md plus HTML and images for report.html.
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.sources.runs import read_result
 from ropelab.study.conversion import conversion_section
-from ropelab.study.section import Section, html_table, markdown_table
+from ropelab.study.extrapolation import extrapolation_section
+from ropelab.study.section import Section, folder_section, html_table, markdown_table
 
 LONGCTX_DIR = "longctx"
 
@@ -44,20 +45,14 @@ def phase_section(study_dir: Path) -> Section | None:
 
 
 def longctx_section(study_dir: Path) -> Section | None:
-    folder = study_dir / LONGCTX_DIR
-    if not (folder / "longctx.md").is_file():
-        return None
-    text = (folder / "longctx.md").read_text()
-    images = {f"{LONGCTX_DIR}/{name}": (folder / name).read_bytes()
-              for name in ("longctx_heatmap.png", "loss_by_position.png") if (folder / name).is_file()}
-    body = text.split("\n", 1)[1] if text.startswith("# ") else text  # the report gives the title
-    figures = "\n\n".join(f"![{name}]({name})" for name in images)
-    return Section("Long-context evaluation", f"{figures}\n\n{body}", f"<pre>{html.escape(body)}</pre>", images)
+    return folder_section("Long-context evaluation", study_dir, LONGCTX_DIR, "longctx.md",
+                          ("longctx_heatmap.png", "loss_by_position.png"))
 
 
 def report_sections(study_dir: str | Path) -> list[Section]:
     study_dir = Path(study_dir)
-    sections = (phase_section(study_dir), conversion_section(study_dir), longctx_section(study_dir))
+    sections = (phase_section(study_dir), conversion_section(study_dir), longctx_section(study_dir),
+                extrapolation_section(study_dir))
     return [s for s in sections if s is not None]
 
 

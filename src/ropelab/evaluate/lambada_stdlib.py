@@ -1,0 +1,149 @@
+"""`lambada_stdlib`: a LAMBADA-like local lm-eval task built from the `stdlib` validation split.
+
+LAMBADA asks for the last word of a passage that only the wider context gives away; here the
+word is an identifier of Python code, which a model can find only by looking back in the passage.
+An item is ``{"context", "target", "source"}``: the model scores ``target`` after ``context``
+(`configs/eval/lambada_stdlib.yaml`: accuracy of greedy prediction and perplexity, as the
+harness's ``lambada_openai``), and ``source`` is ``path:line`` of the target in the stdlib.
+
+The rule. A target is an identifier token of a validation file's code (``tokenize.NAME``) such that:
+  * it has at least 3 characters (`MIN_TARGET_CHARS`) and is no keyword, builtin, ``self`` or ``cls``;
+  * something other than indentation comes before it on its line (the passage's last line);
+  * the passage is the longest run of whole lines ending at the target with at most 200
+    characters before it (`CONTEXT_CHARS`), and has at least one line before the last;
+  * the target appears, as a whole word, in the passage's earlier lines and not in its last line
+    (so the last line alone does not give it away, and the context does);
+  * the last line up to and with the target, indentation left off, occurs nowhere in the training split
+    (so a model cannot complete it from memory: codec boilerplate and common lines are left out).
+The spaces between the target and the word before it belong to the target (`` target``), as in
+lambada_openai. Sampling: each file's candidates are shuffled with `random.Random(seed)`, files in
+path order, then items are drawn from the files in turn (so no file dominates) until `count`, and
+listed in file and line order.
+
+Regenerate the shipped file (the running Python's stdlib; the shipped one is from Python 3.11):
+    python -m ropelab.evaluate.lambada_stdlib --out configs/eval/lambada_stdlib.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import io
+import json
+import keyword
+import random
+import re
+import tokenize
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_text
+
+CONTEXT_CHARS = 200
+MIN_TARGET_CHARS = 3
+COUNT = 300
+SEED = 0
+TASK_FILE = Path("configs/eval/lambada_stdlib.jsonl")
+TRIVIAL = frozenset(dir(builtins)) | {"self", "cls"}
+
+
+@dataclass(frozen=True)
+class Item:
+    context: str
+    target: str
+    source: str  # "path:line" of the target
+
+
+def is_target_name(name: str) -> bool:
+    """Whether an identifier may be a target (long enough, and not predictable from the language alone)."""
+    return (len(name) >= MIN_TARGET_CHARS and name not in TRIVIAL
+            and not keyword.iskeyword(name) and not keyword.issoftkeyword(name))
+
+
+def _has_word(word: str, text: str) -> bool:
+    return re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) is not None
+
+
+def file_items(key: str, source: str, context_chars: int = CONTEXT_CHARS) -> list[Item]:
+    """Every item the rule allows in one file, in source order (none when the file does not tokenize)."""
+    lines = io.StringIO(source).readlines()
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return []
+    items = []
+    for token in tokens:
+        (row, col), name = token.start, token.string
+        if token.type != tokenize.NAME or not is_target_name(name):
+            continue
+        last_line = lines[row - 1][:col]
+        if not last_line.strip() or _has_word(name, last_line):
+            continue
+        offset = starts[row - 1] + col
+        first = next((r for r in range(row) if starts[r] >= offset - context_chars), row - 1)  # 0-based first line of the passage
+        if first >= row - 1 or not _has_word(name, source[starts[first]:starts[row - 1]]):
+            continue
+        context = source[starts[first]:offset]
+        kept = context.rstrip(" \t")
+        items.append(Item(kept, context[len(kept):] + name, f"{key}:{row}"))
+    return items
+
+
+def last_line(item: Item) -> str:
+    """The passage's last line up to and including the target, indentation left off."""
+    return (item.context.rsplit("\n", 1)[-1] + item.target).lstrip()
+
+
+def sample_items(documents: Iterable[tuple[str, str]], seen: str, count: int = COUNT, seed: int = SEED) -> list[Item]:
+    """`count` items (fewer if the documents hold fewer) from (key, source text) documents, whose last
+    line is not in `seen` (the training text), drawn from each document in turn after a shuffle by
+    `seed`; listed in document and line order."""
+    rng = random.Random(seed)
+    pools = []
+    for number, (key, text) in enumerate(documents):
+        candidates = list(enumerate(file_items(key, text)))
+        rng.shuffle(candidates)
+        pools.append((number, iter(candidates)))
+    chosen: list[tuple[int, int, Item]] = []
+    while pools and len(chosen) < count:
+        for number, candidates in list(pools):
+            drawn = next(((index, item) for index, item in candidates if last_line(item) not in seen), None)
+            if drawn is None:
+                pools.remove((number, candidates))
+            elif len(chosen) < count:
+                chosen.append((number, *drawn))
+    return [item for _, _, item in sorted(chosen, key=lambda entry: entry[:2])]
+
+
+def stdlib_items(count: int = COUNT, seed: int = SEED, val_percent: float = 2.0) -> list[Item]:
+    """The task's items from the validation files of the running Python's standard library."""
+    entries = stdlib_entries()
+    documents = ((key, stdlib_text(path)) for key, path in entries if in_validation(key, val_percent))
+    seen = "\n".join(stdlib_text(path) for key, path in entries if not in_validation(key, val_percent))
+    return sample_items(documents, seen, count, seed)
+
+
+def write_items(items: Sequence[Item], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ropelab.evaluate.lambada_stdlib", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=TASK_FILE, help=f"the jsonl file to write (default {TASK_FILE})")
+    parser.add_argument("--count", type=int, default=COUNT, help=f"number of items (default {COUNT})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"sampling seed (default {SEED})")
+    args = parser.parse_args(argv)
+    if args.count <= 0:
+        parser.error(f"--count {args.count}: must be > 0")
+    items = stdlib_items(args.count, args.seed)
+    write_items(items, args.out)
+    print(f"{len(items)} items from {len({item.source.split(':')[0] for item in items})} files -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
