@@ -75,7 +75,7 @@ def plot_loss_by_position(results: dict) -> bytes:
     columns = min(3, len(runs))
     rows = math.ceil(len(runs) / columns)
     fig = new_figure(4.6 * columns, 3.6 * rows)
-    axes = fig.subplots(rows, columns, squeeze=False)
+    axes = fig.subplots(rows, columns, squeeze=False, gridspec_kw={"hspace": 0.45})
     for k, run in enumerate(runs):
         ax = axes[k // columns][k % columns]
         longest = max(c["length"] for c in run["cells"])

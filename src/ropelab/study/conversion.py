@@ -68,7 +68,8 @@ def _curves(rows: list[dict]) -> bytes:
         ax.set_xlabel("tokens")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     return png_bytes(fig)
 
 
