@@ -78,7 +78,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from ropelab.config import ModelConfig, RopeConfig, TrainConfig
-from ropelab.precision import cpu_has_native_bf16, mixed_precision
+from ropelab.machine import cpu_kind
+from ropelab.precision import mixed_precision
 
 SOURCE = "smollm2-135m"
 LIBRARIES = ("ropelab", "hf")
@@ -117,32 +118,6 @@ def shape_of(row: Row, quick: bool) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ the machine
-
-
-def cpu_kind() -> dict:
-    """Model name, the SIMD flags that matter here, and what torch makes of them."""
-    model, flags = "unknown", set()
-    try:
-        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        for line in first.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    try:
-        mkldnn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        mkldnn_bf16 = False
-    return {"model_name": model,
-            "flags": {flag: flag in flags
-                      for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
-            "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "mkldnn_bf16": mkldnn_bf16, "cpu_has_native_bf16": cpu_has_native_bf16(),
-            "nproc": os.cpu_count()}
 
 
 def loadavg() -> list[float]:

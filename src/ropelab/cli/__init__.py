@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ropelab.cli import convert, data, evaluate, interchange, probe, study, train
+from ropelab.cli import claims, convert, data, evaluate, interchange, probe, study, train
 from ropelab.cli.common import OVERRIDES_HELP, Command
 from ropelab.config import ConfigError
 from ropelab.errors import TrainingDiverged, WriteFailed
 
 COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *convert.COMMANDS,
-                           *evaluate.COMMANDS, *data.COMMANDS, *probe.COMMANDS]
+                           *evaluate.COMMANDS, *data.COMMANDS, *probe.COMMANDS, *claims.COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,21 +34,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plan(expand(study), args.mfu)
         return 0
-    from ropelab.study.runner import run_study
+    from ropelab.study.pipeline import run_and_report
 
-    statuses = run_study(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
-    done = [k for k, v in statuses.items() if v == "done"]
-    if study.longctx is not None:
-        from ropelab.study.sections import evaluate_study_longctx
-
-        evaluate_study_longctx(args.out, study.longctx, done, not args.no_live)
-    if study.extrapolation is not None:
-        from ropelab.study.extrapolation import evaluate_study_extrapolation
-
-        evaluate_study_extrapolation(args.out, study.extrapolation, done, not args.no_live)
-    from ropelab.study.report import write_report
-
-    paths = write_report(args.out)
+    outcome = run_and_report(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    statuses, paths = outcome["statuses"], outcome["report"]
     failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
     print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['report.html']}")
     if failed:

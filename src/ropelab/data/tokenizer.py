@@ -4,6 +4,9 @@ Spec strings (``data.tokenizer``):
   * ``bytes``          – 256 byte values plus <eos>, <bos>, <pad>;
   * ``bpe:<vocab>``    – byte-level BPE trained with HF `tokenizers` on the training split of
                          the built-in corpus, cached under ``$ROPELAB_CACHE`` keyed by corpus and vocab;
+  * a built-in model   – the tokenizer of a built-in model source such as ``smollm2-135m``
+                         (`ropelab.sources.gguf.BUILTIN_SOURCES`), read from its GGUF file once and
+                         cached under ``$ROPELAB_CACHE``: students that share the model's tokenizer;
   * anything else      – an HF tokenizer: a ``tokenizer.json`` file, a local folder, or a hub
                          name (loaded with `transformers.AutoTokenizer`).
 When the corpus is a prepared token folder made with the same spec, the copy saved in that
@@ -175,6 +178,28 @@ def load_hf_tokenizer(spec: str) -> HFTokenizer:
     return HFTokenizer(hf.backend_tokenizer, spec, eos=hf.eos_token)
 
 
+def builtin_model_tokenizer(name: str) -> Optional[HFTokenizer]:
+    """The tokenizer of built-in model source `name` (None for another name): its GGUF file's token
+    table, saved as tokenizer.json under the cache (keyed by the file's path, size and modification
+    time) on first use, so later loads need neither transformers nor the GGUF file's header."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from ropelab.sources.gguf import BUILTIN_SOURCES, builtin_gguf, load_gguf_tokenizer
+
+    if name not in BUILTIN_SOURCES:
+        return None
+    gguf = builtin_gguf(name)
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    path = cache_dir() / "tokenizers" / f"{name}-{key}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        load_gguf_tokenizer(gguf).backend_tokenizer.save(str(tmp))
+        os.replace(tmp, path)
+    return HFTokenizer(RustTokenizer.from_file(str(path)), name)
+
+
 def tokenizer_file_fingerprint(path: Path) -> str:
     """The fingerprint `HFTokenizer.fingerprint` gives the tokenizer saved at `path`."""
     from tokenizers import Tokenizer as RustTokenizer
@@ -208,7 +233,7 @@ def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0) 
         except ValueError:
             raise ConfigError(f"data.tokenizer={spec!r}: expected bpe:<vocab size>, e.g. bpe:4096") from None
         return load_bpe(vocab, "stdlib", val_percent)
-    return load_hf_tokenizer(spec)
+    return builtin_model_tokenizer(spec) or load_hf_tokenizer(spec)
 
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:

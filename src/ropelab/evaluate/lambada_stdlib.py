@@ -26,24 +26,20 @@ Regenerate the shipped file (the running Python's stdlib; the shipped one is fro
 
 from __future__ import annotations
 
-import argparse
 import builtins
 import io
-import json
 import keyword
 import random
 import re
 import tokenize
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_text
+from ropelab.evaluate.stdlib_tasks import COUNT, SEED, generator_main, sample_in_turn, stdlib_split
 
 CONTEXT_CHARS = 200
 MIN_TARGET_CHARS = 3
-COUNT = 300
-SEED = 0
 TASK_FILE = Path("configs/eval/lambada_stdlib.jsonl")
 TRIVIAL = frozenset(dir(builtins)) | {"self", "cls"}
 
@@ -102,47 +98,18 @@ def sample_items(documents: Iterable[tuple[str, str]], seen: str, count: int = C
     """`count` items (fewer if the documents hold fewer) from (key, source text) documents, whose last
     line is not in `seen` (the training text), drawn from each document in turn after a shuffle by
     `seed`; listed in document and line order."""
-    rng = random.Random(seed)
-    pools = []
-    for number, (key, text) in enumerate(documents):
-        candidates = list(enumerate(file_items(key, text)))
-        rng.shuffle(candidates)
-        pools.append((number, iter(candidates)))
-    chosen: list[tuple[int, int, Item]] = []
-    while pools and len(chosen) < count:
-        for number, candidates in list(pools):
-            drawn = next(((index, item) for index, item in candidates if last_line(item) not in seen), None)
-            if drawn is None:
-                pools.remove((number, candidates))
-            elif len(chosen) < count:
-                chosen.append((number, *drawn))
-    return [item for _, _, item in sorted(chosen, key=lambda entry: entry[:2])]
+    pools = (file_items(key, text) for key, text in documents)
+    return sample_in_turn(pools, lambda item: last_line(item) not in seen, count, random.Random(seed))
 
 
 def stdlib_items(count: int = COUNT, seed: int = SEED, val_percent: float = 2.0) -> list[Item]:
     """The task's items from the validation files of the running Python's standard library."""
-    entries = stdlib_entries()
-    documents = ((key, stdlib_text(path)) for key, path in entries if in_validation(key, val_percent))
-    seen = "\n".join(stdlib_text(path) for key, path in entries if not in_validation(key, val_percent))
-    return sample_items(documents, seen, count, seed)
-
-
-def write_items(items: Sequence[Item], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
+    documents, training = stdlib_split(val_percent)
+    return sample_items(documents, "\n".join(training), count, seed)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ropelab.evaluate.lambada_stdlib", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=TASK_FILE, help=f"the jsonl file to write (default {TASK_FILE})")
-    parser.add_argument("--count", type=int, default=COUNT, help=f"number of items (default {COUNT})")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"sampling seed (default {SEED})")
-    args = parser.parse_args(argv)
-    if args.count <= 0:
-        parser.error(f"--count {args.count}: must be > 0")
-    items = stdlib_items(args.count, args.seed)
-    write_items(items, args.out)
-    print(f"{len(items)} items from {len({item.source.split(':')[0] for item in items})} files -> {args.out}")
+    generator_main("ropelab.evaluate.lambada_stdlib", __doc__, TASK_FILE, stdlib_items, argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
                                      what transformers cannot load
   load_gguf(path, dtype) -> (hf_model, hf_tokenizer)
                                      the dequantized transformers causal LM and its fast tokenizer
+  load_gguf_tokenizer(path)          the fast tokenizer alone (`data.tokenizer` of a built-in name)
 
 `ropelab.sources.hf.from_hf` turns the loaded model into a ropelab `Transformer`. Every refusal is a
 one-line `ConfigError` naming the file and what is allowed.
@@ -262,18 +263,27 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
             f"{path}: the GGUF file lacks {len(absent)} weight(s) {type(model).__name__} needs "
             f"({_shortened(absent, 3)}); a complete model file is needed"
         )
+    return model.eval(), load_gguf_tokenizer(path)
+
+
+def load_gguf_tokenizer(path: str | Path):
+    """The fast transformers tokenizer of a GGUF file (its token table only; no weights are read).
+    ConfigError (one line, naming the file) on any failure."""
+    info = inspect_gguf(path)
+    transformers = require_transformers("loading GGUF files")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name)
     except Exception as exc:
         raise ConfigError(f"{path}: transformers could not load the GGUF tokenizer ({_describe(exc)})") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"{path}: the GGUF tokenizer loaded as {type(tokenizer).__name__}; a fast tokenizer is needed"
         )
-    return model.eval(), tokenizer
+    return tokenizer
 
 
 __all__ = [
     "BUILTIN_SOURCES", "BuiltinSource", "GGUFInfo", "builtin_gguf", "is_gguf", "inspect_gguf", "load_gguf",
+    "load_gguf_tokenizer",
     "supported_architectures", "supported_quantizations",
 ]

@@ -93,7 +93,7 @@ def _inline(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def _figure(name: str, data: bytes) -> str:
+def figure_html(name: str, data: bytes) -> str:
     return (f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
             f"<figcaption>{html.escape(name)}</figcaption></figure>")
 
@@ -120,8 +120,8 @@ def render_html(rows: list[dict], images: dict[str, bytes], sections: list[Secti
         title = f' title="{html.escape(row["error"])}"' if row["error"] else ""
         body.append(f"<tr{title}>{''.join(cells)}</tr>")
     bullets = "".join(f"<li>{_inline(s)}</li>" for s in findings(rows))
-    figs = "".join(_figure(name, data) for name, data in images.items())
-    extra = "".join(f"<h2>{html.escape(s.title)}</h2>{''.join(_figure(n, d) for n, d in s.images.items())}{s.html}"
+    figs = "".join(figure_html(name, data) for name, data in images.items())
+    extra = "".join(f"<h2>{html.escape(s.title)}</h2>{''.join(figure_html(n, d) for n, d in s.images.items())}{s.html}"
                     for s in sections)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -1,0 +1,218 @@
+"""The distillation seed's claims (001, "Short Data, Long Context"), judged on the study shipped as
+``configs/claims/distill-smollm2.yaml``: tiny-llama students of SmolLM2-135M, trained in a short
+phase and a long phase of packed short documents, by logit KD at three RoPE theta schedules and by
+CE at one. The probe and the weight updates run after training (`ropelab.claims.distill_evals`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from statistics import fmean
+from typing import Mapping, Sequence
+
+from ropelab.claims.claim import Claim, Finding, from_parts
+from ropelab.claims.distill_evals import (
+    CAUSAL, DOC, band_means, final_val_losses, logit_kl, logit_kl_by_repeat, longctx_results, loss_curves, phase_lengths,
+    probe_run, probe_shape, probe_teacher, query_change_per_pair, retrieval_by_length, seed_runs, teacher_passkey,
+)
+from ropelab.claims.distill_plots import plot_loss_by_position, plot_pair_changes, plot_repeat_kl
+from ropelab.claims.groups import mean_text
+from ropelab.claims.verdict import absent, beats_beyond, higher, lower, present
+from ropelab.sources.runs import read_run_config
+from ropelab.train.phases import resolve_phases
+
+SEED = "short-data-long-context (001)"
+STUDY = "distill-smollm2"
+KD, CE = "kd-10k-500k", "ce-10k-500k"  # the seed's winning schedule, by KD and by CE
+CONSTANT = ("kd-10k", "kd-500k")
+
+
+def _kd_config(study: Path):
+    """The first KD run's config (the seeds share everything else)."""
+    return read_run_config(seed_runs(study, KD)[0])
+
+
+def _setup(study: Path) -> str:
+    """The students and their two phases, from the KD run's config."""
+    config = _kd_config(study)
+    m = config.model
+    phases = []
+    for phase in resolve_phases(config):
+        c = phase.config
+        packed = f" packed with <= {c.data.max_doc_len}-token documents" if c.data.max_doc_len else ""
+        mask = ", document mask" if c.attention.doc_mask else ""
+        phases.append(f"{phase.steps} steps of {c.train.global_batch} x {c.data.seq_len} tokens{packed}{mask}")
+    tokens = sum(_phase_tokens(config))
+    return (f"students of {m.n_layer} layers (d_model {m.d_model}, head_dim {m.head_size}) sharing SmolLM2-135M's "
+            f"tokenizer, on {config.data.corpus}: {', then '.join(phases)}; {tokens:,} tokens per run, "
+            f"{len(seed_runs(study, KD))} seeds")
+
+
+def _phase_tokens(config) -> list[int]:
+    return [p.steps * p.config.train.global_batch * p.config.data.seq_len for p in resolve_phases(config)]
+
+
+def _small_text(groups: Mapping[str, Sequence[float]]) -> str:
+    """`mean_text` for values near zero: each group's mean and its seeds in scientific notation."""
+    return "; ".join(f"{name} {fmean(values):.3g} ({', '.join(f'{v:.3g}' for v in values)})" for name, values in groups.items())
+
+
+def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence[float]]], length: int) -> dict[str, list[float]]:
+    """{group: each seed's mean loss over the buckets starting at `length` and beyond}."""
+    beyond = [i for i, p in enumerate(positions) if p >= length]
+    return {name: [fmean(curve[i] for i in beyond) for curve in lines] for name, lines in curves.items()}
+
+
+def _retrieval_note(study_dir: Path, results: dict) -> str:
+    """What stands in for the seed's needle-in-a-haystack retrieval: the teacher's own passkey
+    retrieval and the students' rank of the true passkey."""
+    teacher = retrieval_by_length(teacher_passkey(study_dir, results), "passkey", "exact_match")
+    candidates = results["settings"]["distractors"] + 1
+    chance = sum(1 / r for r in range(1, candidates + 1)) / candidates
+    entries = {e["label"]: e for e in results["runs"]}
+    exact, ranks = [], []
+    for variant in (KD, CE, *CONSTANT):
+        found = [entries.get(run.name, {}) for run in seed_runs(study_dir, variant)]
+        exact += [v for e in found for v in retrieval_by_length(e, "passkey", "exact_match").values()]
+        mrr = [retrieval_by_length(e, "passkey", "mrr") for e in found]
+        lengths = sorted({n for by_length in mrr for n in by_length})
+        ranks.append(f"{variant} " + ", ".join(f"{n}: {fmean(m.get(n, math.nan) for m in mrr):.2f}" for n in lengths))
+    students = f"{fmean(exact):.0%}" if exact else "none measured"
+    return ("The seed's needle-in-a-haystack retrieval, rising from 6.7 to 99.8, cannot be tested at this scale: the "
+            f"students' greedy answers match {students} of the passkeys. Measured instead, from the long-context "
+            "evaluation: SmolLM2's own passkey retrieval (exact match of its greedy answer) by prompt length "
+            f"{', '.join(f'{n}: {v:.0%}' for n, v in teacher.items())}; the students' mean reciprocal rank of the true "
+            f"passkey among {candidates} candidates (chance {chance:.2f}), mean of the seeds, by length: "
+            + "; ".join(ranks) + ".")
+
+
+def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
+    study = studies[STUDY]
+    length = phase_lengths(study, KD)[0]
+    losses = final_val_losses(study, [KD, CE])
+    results = longctx_results(study)
+    positions, curves = loss_curves(results, study, [KD, CE])
+    parts = [("KD below CE: final validation loss (packed short documents)", lower({KD: losses[KD]}, {CE: losses[CE]})),
+             (f"KD below CE beyond the phase-1 length ({length}): loss by position",
+              beats_beyond({KD: curves[KD]}, {CE: curves[CE]}, positions, length))]
+    config = _kd_config(study)
+    measured = (f"{_setup(study)}; theta 10k -> 500k, KD (top-{config.distill.top_k} teacher targets) against CE at equal "
+                f"tokens. Final validation loss (nats/token), mean (seeds): {mean_text(losses)}. Loss by position over "
+                f"{_loss_length(results):,}-token windows of single {config.data.corpus} files, mean over positions "
+                f"{length} and beyond: {mean_text(_tail_means(positions, curves, length))}.")
+    return from_parts(measured, parts, plot_loss_by_position(positions, curves, length),
+                    "Loss by position of the KD and CE students after phase 2, one line per seed.",
+                    "The seed compares KD and CE at each of its three theta setups; here at the phase-wise one only. "
+                    + _retrieval_note(study, results))
+
+
+def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
+    study = studies[STUDY]
+    length = phase_lengths(study, KD)[0]
+    results = longctx_results(study)
+    positions, curves = loss_curves(results, study, [KD, *CONSTANT])
+    verdict = beats_beyond({KD: curves[KD]}, {v: curves[v] for v in CONSTANT}, positions, length)
+    losses = final_val_losses(study, [KD, *CONSTANT])
+    measured = (f"{_setup(study)}; by KD, theta 10k -> 500k against constant 10k and constant 500k. Loss by position, mean over "
+                f"positions {length} and beyond: {mean_text(_tail_means(positions, curves, length))}. Final validation "
+                f"loss: {mean_text(losses)}.")
+    return from_parts(measured, [(f"10k -> 500k below both constant thetas beyond {length}", verdict)],
+                    plot_loss_by_position(positions, curves, length),
+                    "Loss by position of the three KD students after phase 2, one line per seed.",
+                    f"At {_loss_length(results):,} positions neither theta wraps around (the longest wavelength at "
+                    f"theta 10k is {_longest_wavelength(study, 'kd-10k'):,.0f} tokens), so this tests the schedule at the "
+                    "seed's thetas but not the wrap-around that theta 10k meets at its 128k context.")
+
+
+def _loss_length(results: dict) -> int:
+    settings = results["settings"]
+    return settings["loss_length"] or max(settings["lengths"])
+
+
+def _longest_wavelength(study: Path, variant: str) -> float:
+    """Tokens per turn of the slowest rotary pair of `variant` in its last phase."""
+    model = resolve_phases(read_run_config(seed_runs(study, variant)[0]))[-1].config.model
+    dims = model.head_size
+    return 2 * math.pi * model.rope.theta ** ((dims - 2) / dims)
+
+
+def _probe_folders(study: Path):
+    shape = probe_shape(study, KD)
+    return shape, [probe_run(study, run, shape) for run in seed_runs(study, KD)]
+
+
+def _judge_probe(studies: Mapping[str, Path]) -> Finding:
+    study = studies[STUDY]
+    shape, folders = _probe_folders(study)
+    teacher = probe_teacher(study, shape)
+    kl = {mode: {"teacher": [logit_kl(teacher, 0, mode)],
+                 "after short": [logit_kl(f, 0, mode) for f in folders],
+                 "after long": [logit_kl(f, 1, mode) for f in folders]} for mode in (CAUSAL, DOC)}
+    every = {mode: [v for values in groups.values() for v in values] for mode, groups in kl.items()}
+    parts = [("reaches the logits: causal attention, running positions (teacher, both phases of each seed)",
+              present(every[CAUSAL])),
+             ("vanishes: document mask, positions restarting at each repeat", absent(every[DOC])),
+             ("smaller after the long phase than after the short one (causal, running)",
+              lower({"after long": kl[CAUSAL]["after long"]}, {"after short": kl[CAUSAL]["after short"]}))]
+    block, repeats = shape
+    measured = (f"One {block}-token block of {_kd_config(study).data.corpus} validation text (BOS, content, EOS) "
+                f"repeated {repeats} times ({block * repeats} tokens); mean KL (nats) of the later repeats' next-token "
+                f"distributions at their last token to the first repeat's. SmolLM2 and the {KD} students at the end of "
+                f"each phase ({_setup(study)}). Causal, running positions: {_small_text(kl[CAUSAL])}. Document mask, "
+                f"restarting positions: {_small_text(kl[DOC])}.")
+    lines = {"SmolLM2": logit_kl_by_repeat(teacher, 0, CAUSAL)}
+    for seed, folder in enumerate(folders):
+        if folder is not None:
+            lines |= {f"{KD} s{seed} after short": logit_kl_by_repeat(folder, 0, CAUSAL),
+                      f"{KD} s{seed} after long": logit_kl_by_repeat(folder, 1, CAUSAL)}
+    return from_parts(measured, parts, plot_repeat_kl(lines, block),
+                    "KL of each repeat to the first under causal attention with running positions (with a document "
+                    "mask and restarting positions every repeat is identical: 0).",
+                    "The seed probes its 1B student over 64 repeats of 2,048 tokens and records every stage; here the "
+                    "logits only, over the phase-2 window.")
+
+
+def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
+    study = studies[STUDY]
+    _, folders = _probe_folders(study)
+    config = _kd_config(study)
+    pairs = config.model.head_size // 2
+    cut = [round(i * pairs / 3) for i in range(4)]
+    bands = {f"{name} frequency": range(cut[i], cut[i + 1]) for i, name in enumerate(("high", "mid", "low"))}
+    per_seed = [query_change_per_pair(folder, pairs) for folder in folders]
+    means = [band_means(changes, bands) for changes in per_seed]
+    groups = {name: [m[name] for m in means] for name in bands}
+    verdict = higher({"mid frequency": groups["mid frequency"]},
+                     {name: groups[name] for name in ("high frequency", "low frequency")})
+    theta = resolve_phases(config)[-1].config.model.rope.theta
+    edges = ", ".join(f"pair {b.start}: {2 * math.pi * theta ** (2 * b.start / (2 * pairs)):,.0f}" for b in bands.values())
+    measured = (f"Relative change ||W_q(phase 2) - W_q(phase 1)|| / ||W_q(phase 1)|| per rotary pair (rows of all heads, "
+                f"averaged over the {config.model.n_layer} layers) of the {KD} students ({_setup(study)}); pairs split "
+                f"in thirds by frequency (wavelengths in tokens at the phase-2 theta {theta:,.0f}: {edges}). Mean change "
+                f"per band: {mean_text(groups, 4)}.")
+    return from_parts(measured, [("mid-frequency pairs change more than high and low ones", verdict)],
+                    plot_pair_changes(per_seed, bands),
+                    "Relative change of the query weights per rotary pair during phase 2, one line per seed.",
+                    "The seed reads the update pattern off its 1B student's query states over 10B phase-2 tokens; "
+                    f"here the weights themselves after {_phase_tokens(config)[-1]:,} phase-2 tokens.")
+
+
+DISTILL_CLAIMS: list[Claim] = [
+    Claim("kd-beats-ce", SEED, "Sec. 3, Finding 2 (Figs. 4-5)",
+          "Logit KD from a long-context teacher beats cross-entropy at equal tokens: a lower loss on the short "
+          "training documents and a better long context, beyond the phase-1 length.",
+          (STUDY,), _judge_kd_beats_ce),
+    Claim("theta-schedule", SEED, "Sec. 3, Finding 1 (Figs. 3-5)",
+          "RoPE theta 10k in the short phase and 500k in the long one beats a constant 10k and a constant 500k "
+          "on long context.",
+          (STUDY,), _judge_theta_schedule),
+    Claim("probe-perturbation", SEED, "Sec. 4-5 (Fig. 6, App. A)",
+          "A block repeated across the window perturbs the output logits through RoPE under causal attention with "
+          "running positions, not with a document mask and restarting positions, and less after the long phase "
+          "than after the short one.",
+          (STUDY,), _judge_probe),
+    Claim("query-weights-band", SEED, "Sec. 5 (query-state updates, the abstract's third finding)",
+          "During the long phase the query weights change most in a band of mid-frequency rotary pairs.",
+          (STUDY,), _judge_query_band),
+]

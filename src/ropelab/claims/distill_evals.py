@@ -1,0 +1,176 @@
+"""What the distillation seed's claims read from their study folder, and the evaluations they add
+after training, each kept under ``<study>/claims/`` and skipped when it is there:
+
+  probe-<run>/      `ropelab probe` on the run's phase-1 and phase-2 checkpoints, causal attention with
+                    running positions and a document mask with restarting positions (`PROBE_MODES`),
+                    plus the weight updates between the two (weights_<a>__<b>.json)
+  probe-teacher/    the same probe on the teacher, SmolLM2 itself
+  longctx-teacher/  the teacher's own passkey retrieval at the study's long-context lengths
+
+A run id is ``<variant>-seed<N>`` (the study grid's naming); a run that did not finish gives NaN
+values, so that its group is inconclusive rather than silently smaller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ropelab.config import ConfigError
+from ropelab.evaluate.longctx import evaluate_longctx
+from ropelab.probe.config import ProbeConfig, parse_modes
+from ropelab.probe.runner import run_probe
+from ropelab.sources.runs import read_result, read_run_config
+from ropelab.study.sections import LONGCTX_DIR
+from ropelab.train.checkpoint import phase_checkpoints
+from ropelab.train.phases import resolve_phases
+
+TEACHER = "smollm2-135m"  # the built-in source the study distills from
+CAUSAL, DOC = "causal-fp32-running", "doc-fp32-restart"
+PROBE_MODES = parse_modes(f"{CAUSAL},{DOC}")
+NAN = float("nan")
+
+
+def seed_runs(study_dir: Path, variant: str) -> list[Path]:
+    """The run folders of `variant`, by seed."""
+    runs = [p for p in (study_dir / "runs").glob(f"{variant}-seed*") if p.name.removeprefix(f"{variant}-seed").isdigit()]
+    if not runs:
+        raise ConfigError(f"claims: {study_dir} has no run of variant {variant!r}")
+    return sorted(runs, key=lambda p: int(p.name.rsplit("seed", 1)[1]))
+
+
+def finished(run_dir: Path) -> bool:
+    return read_result(run_dir) is not None
+
+
+def final_val_losses(study_dir: Path, variants: Sequence[str]) -> dict[str, list[float]]:
+    """{variant: final validation loss per seed}."""
+    out = {}
+    for variant in variants:
+        results = [read_result(run) for run in seed_runs(study_dir, variant)]
+        out[variant] = [NAN if r is None or r.get("final_val_loss") is None else float(r["final_val_loss"]) for r in results]
+    return out
+
+
+def phase_lengths(study_dir: Path, variant: str) -> list[int]:
+    """The training window of each phase (the first seed's run; the seeds share it)."""
+    config = read_run_config(seed_runs(study_dir, variant)[0])
+    return [phase.config.data.seq_len for phase in resolve_phases(config)]
+
+
+# ------------------------------------------------------------------ the study's long-context evaluation
+
+
+def longctx_results(study_dir: Path) -> dict:
+    path = study_dir / LONGCTX_DIR / "longctx.json"
+    if not path.is_file():
+        raise ConfigError(f"claims: {path} is missing: the study's long-context evaluation has not run")
+    return json.loads(path.read_text())
+
+
+def loss_curves(results: dict, study_dir: Path, variants: Sequence[str]) -> tuple[list[int], dict[str, list[list[float]]]]:
+    """(first position of each bucket, {variant: the loss-by-position curve of each seed})."""
+    entries = {entry["label"]: entry for entry in results["runs"]}
+    positions = None
+    curves: dict[str, list[list[float]]] = {}
+    for variant in variants:
+        curves[variant] = []
+        for run in seed_runs(study_dir, variant):
+            buckets = (entries.get(run.name) or {}).get("loss_by_position", {}).get("buckets")
+            if buckets:
+                positions = positions or [b["start"] for b in buckets]
+            curves[variant].append([b["loss"] for b in buckets] if buckets else None)
+    if positions is None:
+        raise ConfigError(f"claims: {study_dir}/{LONGCTX_DIR} holds no loss by position of {', '.join(variants)}")
+    return positions, {v: [c if c is not None else [NAN] * len(positions) for c in cs] for v, cs in curves.items()}
+
+
+def retrieval_by_length(entry: dict, task: str, metric: str) -> dict[int, float]:
+    """{prompt length: `metric` of `task` averaged over depths} of one run's long-context entry."""
+    cells = entry.get("tasks", {}).get(task, {}).get("cells", [])
+    lengths = sorted({cell["length"] for cell in cells})
+    return {n: sum(c[metric] for c in cells if c["length"] == n) / sum(c["length"] == n for c in cells) for n in lengths}
+
+
+def teacher_passkey(study_dir: Path, results: dict) -> dict:
+    """The teacher's own passkey entry at the study's lengths and depths (one item per cell), kept in
+    ``claims/longctx-teacher``."""
+    folder = study_dir / "claims" / "longctx-teacher"
+    path = folder / "longctx.json"
+    if not path.is_file():
+        settings = results["settings"]
+        evaluate_longctx([TEACHER], folder, tasks=["passkey"], lengths=settings["lengths"], depths=settings["depths"],
+                         items=1, distractors=settings["distractors"], loss_windows=0, progress=False)
+    return json.loads(path.read_text())["runs"][0]
+
+
+# ------------------------------------------------------------------ the probe
+
+
+def _probe(sources: list[str], folder: Path, block_len: int, repeats: int) -> Path:
+    if not (folder / "probe.json").is_file():
+        run_probe(sources, folder, ProbeConfig(block_len=block_len, repeats=repeats, modes=PROBE_MODES,
+                                               stages=("logits",), progress=False))
+    return folder
+
+
+def probe_shape(study_dir: Path, variant: str) -> tuple[int, int]:
+    """(block length, repeats) of the probe: blocks of the phase-1 window filling the phase-2 window."""
+    lengths = phase_lengths(study_dir, variant)
+    return lengths[0], max(2, lengths[-1] // lengths[0])
+
+
+def probe_run(study_dir: Path, run_dir: Path, shape: tuple[int, int]) -> Path | None:
+    """The probe folder of a finished run (its first and last phase's checkpoints), made if absent;
+    None for a run that did not finish."""
+    folder = study_dir / "claims" / f"probe-{run_dir.name}"
+    if (folder / "probe.json").is_file():
+        return folder
+    if not finished(run_dir):
+        return None
+    phases = [p.name for p in resolve_phases(read_run_config(run_dir))]
+    checkpoints = phase_checkpoints(run_dir)
+    missing = [name for name in (phases[0], phases[-1]) if name not in checkpoints]
+    if missing:
+        raise ConfigError(f"claims: {run_dir} has no checkpoint at the end of phase {missing[0]!r}")
+    return _probe([str(checkpoints[phases[0]]), str(checkpoints[phases[-1]])], folder, *shape)
+
+
+def probe_teacher(study_dir: Path, shape: tuple[int, int]) -> Path:
+    return _probe([TEACHER], study_dir / "claims" / "probe-teacher", *shape)
+
+
+def probe_labels(folder: Path) -> list[str]:
+    """The probed checkpoints' labels, in the order given (phase 1, then phase 2)."""
+    return [c["label"] for c in json.loads((folder / "probe.json").read_text())["checkpoints"]]
+
+
+def logit_kl(folder: Path | None, index: int, mode: str) -> float:
+    """Mean KL of the later repeats' next-token distributions to the first repeat's, at checkpoint
+    `index` of the probe folder; NaN without a folder."""
+    if folder is None:
+        return NAN
+    found = json.loads((folder / probe_labels(folder)[index] / mode / "metrics.json").read_text())
+    return float(found["captures"]["logits"]["mean_kl"])
+
+
+def logit_kl_by_repeat(folder: Path, index: int, mode: str) -> list[float]:
+    found = json.loads((folder / probe_labels(folder)[index] / mode / "metrics.json").read_text())
+    return found["captures"]["logits"]["kl"]
+
+
+def query_change_per_pair(folder: Path | None, pairs: int) -> list[float]:
+    """Relative change of W_q per rotary pair from the phase-1 to the phase-2 checkpoint (each
+    layer's ratio over all heads, averaged over layers); NaN without a folder."""
+    if folder is None:
+        return [NAN] * pairs
+    first, last = probe_labels(folder)
+    layers = json.loads((folder / f"weights_{first}__{last}.json").read_text())["layers"]
+    per_layer = [layer["q"]["per_pair"] for layer in layers]
+    return [math.fsum(values) / len(values) for values in zip(*per_layer)]
+
+
+def band_means(per_pair: Sequence[float], bands: Mapping[str, range]) -> dict[str, float]:
+    return {name: math.fsum(per_pair[i] for i in pairs) / len(pairs) for name, pairs in bands.items()}

@@ -1,0 +1,115 @@
+"""What a study of the claims costs on this machine, before it runs: tokens per run and an expected
+time from a few measured training steps of each distinct shape.
+
+The measure is one optimizer step of a fresh model on random tokens at the run's micro-batch and
+window (after one warm-up step), on the threads each run gets with `jobs` runs at once. Evaluation,
+process start and checkpoints come on top as `OVERHEAD` per run. A distillation teacher's forward
+passes (once per shared cache with ``teacher_cache``, else once per run) are priced at the FLOP rate
+the students' steps reached, times `jobs` (the cache is written on every core before the runs start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ropelab.config import ModelConfig
+from ropelab.data.tokenizer import load_tokenizer, padded_vocab
+from ropelab.model import Transformer
+from ropelab.sources.plans import shape_config
+from ropelab.sources.loading import load_config
+from ropelab.study.grid import PlannedRun, StudyConfig, expand
+from ropelab.study.teacher_cache import shared_caches
+from ropelab.train.phases import resolve_phases
+
+OVERHEAD = 12.0  # seconds per run: process start, data, evaluations and checkpoints (measured on tiny runs)
+
+
+def _vocab(run: PlannedRun) -> int:
+    if run.config.model.vocab_size:
+        return run.config.model.vocab_size
+    return padded_vocab(load_tokenizer(run.config.data.tokenizer, run.config.data.corpus).vocab_size)
+
+
+def step_seconds(model_config: ModelConfig, micro_batch: int, seq_len: int, threads: int) -> float:
+    """Seconds of one AdamW training step at this shape, measured."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(model_config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens = torch.randint(0, model_config.vocab_size, (micro_batch, seq_len + 1))
+        timings = []
+        for _ in range(2):
+            start = time.perf_counter()
+            _, loss = model(tokens[:, :-1], targets=tokens[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            timings.append(time.perf_counter() - start)
+        return timings[-1]
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: float) -> float:
+    """Seconds of the teacher's forward passes over the tokens it scores."""
+    kd = [run for run in runs if run.config.distill is not None and run.config.distill.teacher
+          and not run.config.distill.teacher.startswith("@")]
+    if not kd:
+        return 0.0
+    if study.teacher_cache:
+        firsts: dict = {}
+        for run_id, folder in shared_caches(kd, Path("study")).items():
+            firsts.setdefault(folder, next(run for run in kd if run.id == run_id))
+        kd = list(firsts.values())
+    seconds = 0.0
+    teachers: dict[str, Transformer] = {}
+    for run in kd:
+        name = run.config.distill.teacher
+        if name not in teachers:
+            with torch.device("meta"):
+                teachers[name] = Transformer(shape_config(load_config(name)[0].model))
+        for phase in resolve_phases(run.config, run.config.train.data_parallel or 1):
+            seq = phase.config.data.seq_len
+            tokens = phase.steps * phase.config.train.global_batch * seq
+            seconds += tokens * teachers[name].flops_per_token(seq) / 3 / flop_rate  # forward: a third of a step
+    return seconds
+
+
+def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> dict:
+    """{"runs": [{run, steps, tokens, seconds}], "tokens", "teacher_seconds", "seconds"}: `seconds` is
+    the wall time expected with `jobs` runs at once (None without `measure`)."""
+    runs = expand(study)
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    measured: dict[tuple, float] = {}
+    rates = []
+    rows = []
+    for run in runs:
+        vocab = _vocab(run) if measure else None
+        steps = tokens = 0
+        seconds = OVERHEAD
+        for phase in resolve_phases(run.config, run.config.train.data_parallel or 1):
+            tc, seq = phase.config.train, phase.config.data.seq_len
+            steps += phase.steps
+            tokens += phase.steps * tc.global_batch * seq
+            if measure:
+                shape = dataclasses.replace(shape_config(phase.config.model), vocab_size=vocab)
+                key = (repr(shape), tc.micro_batch, seq)
+                if key not in measured:
+                    measured[key] = step_seconds(shape, tc.micro_batch, seq, threads)
+                    with torch.device("meta"):
+                        flops = Transformer(shape).flops_per_token(seq) * tc.micro_batch * seq
+                    rates.append(flops / measured[key])
+                seconds += phase.steps * tc.grad_accum * measured[key]
+        rows.append({"run": run.id, "steps": steps, "tokens": tokens, "seconds": seconds if measure else None})
+    if not measure:
+        return {"runs": rows, "tokens": sum(r["tokens"] for r in rows), "teacher_seconds": None, "seconds": None}
+    teacher = _teacher_seconds(study, runs, max(rates) * max(1, jobs))
+    return {"runs": rows, "tokens": sum(r["tokens"] for r in rows), "teacher_seconds": teacher,
+            "seconds": teacher + sum(r["seconds"] for r in rows) / max(1, jobs)}

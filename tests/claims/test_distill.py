@@ -1,0 +1,182 @@
+"""The distillation claims judged on rigged study folders: the runs' config.yaml and result.json, the
+study's longctx.json, and the claims' cached evaluations (probe folders, the teacher's passkey) as
+the judges leave them, so that nothing loads SmolLM2. Measurements that separate give `holds`, the
+reverse gives `does not hold`; a missing evaluation runs once and is then read from its folder; every
+shipped distillation study config loads and expands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ropelab.claims import distill_evals
+from ropelab.claims.distill import CE, CONSTANT, DISTILL_CLAIMS, KD, STUDY
+from ropelab.claims.distill_evals import CAUSAL, DOC, PROBE_MODES, TEACHER
+from ropelab.claims.paths import CLAIMS_CONFIGS
+from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS
+from ropelab.study.grid import expand, load_study
+
+CLAIMS = {claim.id: claim for claim in DISTILL_CLAIMS}
+SHIPPED = sorted(CLAIMS_CONFIGS.glob("distill-*.yaml"))
+POSITIONS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]  # bucket starts of 1,024 positions in 10 log buckets
+PAIRS = 32  # head_dim 64
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def write_runs(study: Path, val_loss: dict[str, float], tail: dict[str, float]) -> Path:
+    """Every run of the shipped study (its config.yaml, a result.json) and the study's longctx.json:
+    per variant a final validation loss and a loss of `tail` at positions 128 and beyond; the second
+    seed 0.01 higher."""
+    entries = []
+    for run in expand(load_study(CLAIMS_CONFIGS / f"{STUDY}.yaml")):
+        folder = study / "runs" / run.id
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(run.config.to_yaml())
+        variant, shift = run.id.rsplit("-seed", 1)[0], 0.01 * run.config.seed
+        write_json(folder / "result.json", {"steps": 40, "final_val_loss": val_loss[variant] + shift})
+        losses = [9.0 if p < 128 else tail[variant] + shift for p in POSITIONS]
+        cells = [{"length": n, "depth": d, "mrr": 0.3, "exact_match": 0.0} for n in (128, 1024) for d in (0.0, 1.0)]
+        entries.append({"label": run.id, "tasks": {"passkey": {"cells": cells}},
+                        "loss_by_position": {"buckets": [{"start": p, "loss": v} for p, v in zip(POSITIONS, losses)]}})
+    settings = {"lengths": [128, 1024], "depths": [0.0, 1.0], "distractors": 9, "loss_length": 1024}
+    write_json(study / "longctx" / "longctx.json", {"settings": settings, "runs": entries})
+    teacher_cells = [{"length": n, "depth": d, "exact_match": 1.0, "mrr": 1.0} for n in (128, 1024) for d in (0.0, 1.0)]
+    write_json(study / "claims" / "longctx-teacher" / "longctx.json", {"runs": [{"tasks": {"passkey": {"cells": teacher_cells}}}]})
+    return study
+
+
+def write_probe(folder: Path, kl: list[dict[str, float]], per_pair: list[float] | None = None) -> None:
+    """A probe folder as `run_probe` writes it: per checkpoint and mode the logits' KL, and with two
+    checkpoints the query weights' change per pair from the first to the second."""
+    labels = [f"ckpt{i}" for i in range(len(kl))]
+    write_json(folder / "probe.json", {"checkpoints": [{"label": label} for label in labels]})
+    for label, by_mode in zip(labels, kl):
+        for mode, value in by_mode.items():
+            write_json(folder / label / mode / "metrics.json", {"captures": {"logits": {"mean_kl": value, "kl": [0.0] + [value] * 7}}})
+    if per_pair is not None:
+        write_json(folder / f"weights_{labels[0]}__{labels[1]}.json", {"layers": [{"q": {"per_pair": per_pair}}] * 4})
+
+
+def write_probes(study: Path, short: float, long: float, doc: float, mid: float = 0.02, rest: float = 0.02) -> Path:
+    """Probe folders of the KD runs (seed s adds s * 1e-6 to the KL) and of the teacher; the query
+    weights change by `mid` in the middle third of the pairs and by `rest` elsewhere."""
+    per_pair = [mid if PAIRS // 3 <= i < 2 * PAIRS // 3 else rest for i in range(PAIRS)]
+    for seed in (0, 1):
+        step = seed * 1e-6
+        write_probe(study / "claims" / f"probe-{KD}-seed{seed}",
+                    [{CAUSAL: short + step, DOC: doc}, {CAUSAL: long + step, DOC: doc}], [v + step for v in per_pair])
+    write_probe(study / "claims" / "probe-teacher", [{CAUSAL: 1e-3, DOC: doc}])
+    return study
+
+
+LOSSES = {KD: 6.0, CE: 6.5, "kd-10k": 6.1, "kd-500k": 6.1}
+TAILS = {KD: 6.2, CE: 6.8, "kd-10k": 6.4, "kd-500k": 6.5}
+
+
+def judge(claim: str, study: Path):
+    return CLAIMS[claim].judge({STUDY: study})
+
+
+def test_kd_beats_ce_on_both_losses_or_not(tmp_path):
+    found = judge("kd-beats-ce", write_runs(tmp_path / "a", LOSSES, TAILS))
+    assert found.verdict.outcome == HOLDS and [row[1] for row in found.table[1]] == [HOLDS, HOLDS]
+    assert found.figure.startswith(b"\x89PNG") and "kd-10k-500k 6.005 (6.000, 6.010)" in found.measured
+    assert "6.7 to 99.8" in found.note and "128: 100%" in found.note and "chance 0.29" in found.note
+    ce_better_beyond = judge("kd-beats-ce", write_runs(tmp_path / "b", LOSSES, TAILS | {CE: 6.0}))
+    assert ce_better_beyond.verdict.outcome == DOES_NOT_HOLD
+    assert [row[1] for row in ce_better_beyond.table[1]] == [HOLDS, DOES_NOT_HOLD]
+
+
+def test_theta_schedule_needs_the_phase_wise_run_below_both_constant_ones(tmp_path):
+    assert judge("theta-schedule", write_runs(tmp_path / "a", LOSSES, TAILS)).verdict.outcome == HOLDS
+    constant_below = judge("theta-schedule", write_runs(tmp_path / "b", LOSSES, TAILS | {"kd-500k": 6.0}))
+    assert constant_below.verdict.outcome == DOES_NOT_HOLD and "kd-500k" in constant_below.verdict.reason
+    assert "neither theta wraps around" in constant_below.note and "47,117 tokens" in constant_below.note
+
+
+def test_probe_perturbation_present_absent_and_smaller_after_the_long_phase(tmp_path):
+    study = write_probes(write_runs(tmp_path / "a", LOSSES, TAILS), short=1e-4, long=5e-5, doc=0.0)
+    found = judge("probe-perturbation", study)
+    assert found.verdict.outcome == HOLDS and len(found.table[1]) == 3
+    assert found.figure.startswith(b"\x89PNG")
+    leaks = write_probes(write_runs(tmp_path / "b", LOSSES, TAILS), short=1e-4, long=5e-5, doc=1e-3)
+    found = judge("probe-perturbation", leaks)
+    assert found.verdict.outcome == DOES_NOT_HOLD and found.table[1][1][1] == DOES_NOT_HOLD
+    grows = write_probes(write_runs(tmp_path / "c", LOSSES, TAILS), short=5e-5, long=1e-4, doc=0.0)
+    assert judge("probe-perturbation", grows).table[1][2][1] == DOES_NOT_HOLD
+
+
+def test_query_weights_change_most_in_the_mid_band_or_not(tmp_path):
+    study = write_probes(write_runs(tmp_path / "a", LOSSES, TAILS), 1e-4, 5e-5, 0.0, mid=0.05, rest=0.02)
+    found = judge("query-weights-band", study)
+    assert found.verdict.outcome == HOLDS and "mid frequency 0.0500" in found.measured
+    flat_mid = write_probes(write_runs(tmp_path / "b", LOSSES, TAILS), 1e-4, 5e-5, 0.0, mid=0.01, rest=0.02)
+    assert judge("query-weights-band", flat_mid).verdict.outcome == DOES_NOT_HOLD
+
+
+def test_a_missing_probe_runs_once_on_the_phase_checkpoints_then_is_read_back(tmp_path, monkeypatch):
+    study = write_runs(tmp_path, LOSSES, TAILS)
+    run = study / "runs" / f"{KD}-seed0"
+    checkpoints = {"short": run / "checkpoints" / "step_00000030", "long": run / "checkpoints" / "step_00000040"}
+    calls = []
+
+    def fake_probe(sources, folder, config):
+        calls.append((sources, Path(folder).name, config))
+        write_probe(Path(folder), [{CAUSAL: 1e-4, DOC: 0.0}, {CAUSAL: 5e-5, DOC: 0.0}], [0.02] * PAIRS)
+
+    monkeypatch.setattr(distill_evals, "run_probe", fake_probe)
+    monkeypatch.setattr(distill_evals, "phase_checkpoints", lambda run_dir: checkpoints)
+    shape = distill_evals.probe_shape(study, KD)
+    assert shape == (128, 8)  # blocks of the phase-1 window filling the phase-2 window
+    for _ in range(2):
+        folder = distill_evals.probe_run(study, run, shape)
+    assert folder == study / "claims" / f"probe-{KD}-seed0" and len(calls) == 1
+    sources, _, config = calls[0]
+    assert sources == [str(checkpoints["short"]), str(checkpoints["long"])]
+    assert (config.block_len, config.repeats, config.modes) == (128, 8, PROBE_MODES)
+    unfinished = study / "runs" / f"{KD}-seed1"
+    (unfinished / "result.json").unlink()  # no probe: its values are NaN
+    assert distill_evals.probe_run(study, unfinished, shape) is None and len(calls) == 1
+
+
+def test_the_teacher_passkey_runs_once_at_the_study_lengths(tmp_path, monkeypatch):
+    study = write_runs(tmp_path, LOSSES, TAILS)
+    (study / "claims" / "longctx-teacher" / "longctx.json").unlink()
+    calls = []
+
+    def fake_longctx(runs, folder, **options):
+        calls.append((runs, options))
+        write_json(Path(folder) / "longctx.json", {"runs": [{"tasks": {"passkey": {"cells": []}}}]})
+
+    monkeypatch.setattr(distill_evals, "evaluate_longctx", fake_longctx)
+    results = distill_evals.longctx_results(study)
+    for _ in range(2):
+        distill_evals.teacher_passkey(study, results)
+    assert len(calls) == 1 and calls[0][0] == [TEACHER]
+    assert calls[0][1]["tasks"] == ["passkey"] and calls[0][1]["lengths"] == [128, 1024]
+
+
+def test_claims_name_their_seed_sections_and_the_shipped_study():
+    assert list(CLAIMS) == ["kd-beats-ce", "theta-schedule", "probe-perturbation", "query-weights-band"]
+    for claim in DISTILL_CLAIMS:
+        assert claim.seed == "short-data-long-context (001)" and claim.section.startswith("Sec. ")
+        assert claim.studies == (STUDY,) and (CLAIMS_CONFIGS / f"{STUDY}.yaml") in SHIPPED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_distill_studies_load_and_expand(path):
+    study = load_study(path)
+    runs = expand(study)
+    assert study.teacher_cache and study.longctx is not None
+    seeds: dict[str, set[int]] = {}
+    for run in runs:
+        seeds.setdefault(run.id.rsplit("-seed", 1)[0], set()).add(run.config.seed)
+        assert run.config.distill.teacher == TEACHER and run.config.distill.top_k
+        assert len(run.config.train.phases) == 2 and run.config.data.tokenizer == TEACHER
+    assert {KD, CE, *CONSTANT} <= set(seeds) and all(len(s) >= 2 for s in seeds.values())
