@@ -48,7 +48,7 @@ def test_rq3_needs_the_drift_of_ten_percent_to_grow_with_length(tmp_path):
     found = CLAIMS["rq3"].judge({"partial-lengths": write_study(tmp_path / "lengths", lengths), "partial-stdlib": stdlib})
     drift_part = found.table[1][-1]
     assert drift_part[1] == HOLDS and "gap at 512" in drift_part[0]
-    assert found.verdict.outcome == DOES_NOT_HOLD  # with a drift of 0.3, 10 % no longer matches 25 % at 512
+    assert found.verdict.outcome == DOES_NOT_HOLD  # with a drift of 0.3, 10 % no longer matches full RoPE at 512
 
 
 def test_spikes_hold_only_when_nope_spikes_and_qk_norm_does_not(tmp_path):
@@ -71,8 +71,8 @@ def test_spikes_hold_only_when_nope_spikes_and_qk_norm_does_not(tmp_path):
 def test_a_missing_variant_is_named(tmp_path):
     from ropelab.config import ConfigError
 
-    with pytest.raises(ConfigError, match="no run of variant 'rope25'"):
-        CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path, {k: v for k, v in SEPARATED.items() if k != "rope25"})})
+    with pytest.raises(ConfigError, match="no run of variant 'rope10'"):
+        CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path, {k: v for k, v in SEPARATED.items() if k != "rope10"})})
 
 
 @pytest.mark.parametrize("path", sorted(CLAIMS_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
