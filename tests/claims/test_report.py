@@ -102,7 +102,7 @@ def test_html_opens_with_the_verdict_table_linked_to_each_claim(written):
     assert table_id == "verdicts" and rows[0] == claims_report.VERDICT_HEADER
     assert [row[0] for row in rows[1:]] == ["rq1", "kd-beats-ce", "rq6"]
     assert [row[4] for row in rows[1:]] == [HOLDS, DOES_NOT_HOLD, INCONCLUSIVE]
-    assert rows[1][5] == "val loss 2.50 (10%) against 2.49 (100%)"  # the first line of `measured`
+    assert rows[1][5] == "difference 0.01 against 2 x spread 0.02"  # the verdict's reason
     assert rows[3][3].endswith("…") and len(rows[3][3]) == claims_report.SHORT
     assert page.links[:3] == ["claim-rq1", "claim-kd-beats-ce", "claim-rq6"]
     assert set(page.links) <= page.ids

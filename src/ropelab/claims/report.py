@@ -30,7 +30,7 @@ Entries = list[tuple[Claim, Finding]]
 TITLE = "The seeds' claims, tested at tiny scale"
 FIGURES = "claims_files"
 VERDICT_CLASS = {HOLDS: "holds", DOES_NOT_HOLD: "fails", INCONCLUSIVE: "open"}
-VERDICT_HEADER = ["claim", "seed", "section", "statement", "verdict", "measured"]
+VERDICT_HEADER = ["claim", "seed", "section", "statement", "verdict", "decided by"]
 STUDY_COLUMNS = ["name", "runs", "tokens", "seconds", "status"]
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 SHORT = 140  # characters of a statement in the verdict table
@@ -48,13 +48,14 @@ def figure_path(claim: Claim) -> str:
     return f"{FIGURES}/{claim.id}.png"
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
-
-
-def _short(text: str) -> str:
+def _short(text: str, limit: int = SHORT) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= SHORT else text[: SHORT - 1].rstrip() + "…"
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _deciding(finding: Finding) -> str:
+    """The figures that decided the verdict (its reason), shortened for the verdict table."""
+    return _short(finding.verdict.reason, 2 * SHORT)
 
 
 def _tally(entries: Entries) -> str:
@@ -123,7 +124,7 @@ def _md_claim(claim: Claim, finding: Finding) -> list[str]:
 
 def render_markdown(entries: Entries, meta: dict) -> str:
     verdicts = [[f"[{claim.id}](#{anchor(claim)})", claim.seed, claim.section, _short(claim.statement),
-                 f"**{finding.verdict.outcome}**", _first_line(finding.measured)] for claim, finding in entries]
+                 f"**{finding.verdict.outcome}**", _deciding(finding)] for claim, finding in entries]
     lines = [f"# {TITLE}", "", '<a id="verdicts"></a>', "", _md_table(VERDICT_HEADER, verdicts), "", _tally(entries), "",
              "## How a verdict is decided", "", rule_text(), "", "## The run", ""]
     if "machine" in meta:
@@ -172,7 +173,7 @@ def _verdict_table(entries: Entries) -> str:
     for claim, finding in entries:
         cells = [f'<a href="#{anchor(claim)}">{html.escape(claim.id)}</a>', html.escape(claim.seed),
                  html.escape(claim.section), html.escape(_short(claim.statement)),
-                 _verdict_span(finding.verdict.outcome), html.escape(_first_line(finding.measured))]
+                 _verdict_span(finding.verdict.outcome), html.escape(_deciding(finding))]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in VERDICT_HEADER)
     return (f'<table id="verdicts"><caption>{html.escape(_tally(entries))}</caption>'
