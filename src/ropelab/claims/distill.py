@@ -53,11 +53,6 @@ def _phase_tokens(config) -> list[int]:
     return [p.steps * p.config.train.global_batch * p.config.data.seq_len for p in resolve_phases(config)]
 
 
-def _small_text(groups: Mapping[str, Sequence[float]]) -> str:
-    """`mean_text` for values near zero: each group's mean and its seeds in scientific notation."""
-    return "; ".join(f"{name} {fmean(values):.3g} ({', '.join(f'{v:.3g}' for v in values)})" for name, values in groups.items())
-
-
 def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence[float]]], length: int) -> dict[str, list[float]]:
     """{group: each seed's mean loss over the buckets starting at `length` and beyond}."""
     beyond = [i for i, p in enumerate(positions) if p >= length]
@@ -159,8 +154,8 @@ def _judge_probe(studies: Mapping[str, Path]) -> Finding:
     measured = (f"One {block}-token block of {_kd_config(study).data.corpus} validation text (BOS, content, EOS) "
                 f"repeated {repeats} times ({block * repeats} tokens); mean KL (nats) of the later repeats' next-token "
                 f"distributions at their last token to the first repeat's. SmolLM2 and the {KD} students at the end of "
-                f"each phase ({_setup(study)}). Causal, running positions: {_small_text(kl[CAUSAL])}. Document mask, "
-                f"restarting positions: {_small_text(kl[DOC])}.")
+                f"each phase ({_setup(study)}). Causal, running positions: {mean_text(kl[CAUSAL], '.3g')}. Document mask, "
+                f"restarting positions: {mean_text(kl[DOC], '.3g')}.")
     lines = {"SmolLM2": logit_kl_by_repeat(teacher, 0, CAUSAL)}
     for seed, folder in enumerate(folders):
         if folder is not None:
@@ -190,7 +185,7 @@ def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
     measured = (f"Relative change ||W_q(phase 2) - W_q(phase 1)|| / ||W_q(phase 1)|| per rotary pair (rows of all heads, "
                 f"averaged over the {config.model.n_layer} layers) of the {KD} students ({_setup(study)}); pairs split "
                 f"in thirds by frequency (wavelengths in tokens at the phase-2 theta {theta:,.0f}: {edges}). Mean change "
-                f"per band: {mean_text(groups, 4)}.")
+                f"per band: {mean_text(groups, '.4f')}.")
     return from_parts(measured, [("mid-frequency pairs change more than high and low ones", verdict)],
                     plot_pair_changes(per_seed, bands),
                     "Relative change of the query weights per rotary pair during phase 2, one line per seed.",

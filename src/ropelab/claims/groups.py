@@ -60,13 +60,11 @@ def pick(groups: Mapping[str, list[float]], *names: str) -> dict[str, list[float
     return {name: groups[name] for name in names}
 
 
-def mean_text(groups: Mapping[str, Sequence[float]], digits: int = 3) -> str:
-    """``nope 2.31 (2.30, 2.32); rope10 ...``: each group's mean and its seeds."""
-    parts = []
-    for name, values in groups.items():
-        seeds = ", ".join(f"{v:.{digits}f}" for v in values)
-        parts.append(f"{name} {sum(values) / len(values):.{digits}f} ({seeds})")
-    return "; ".join(parts)
+def mean_text(groups: Mapping[str, Sequence[float]], spec: str = ".3f") -> str:
+    """``nope 2.310 (2.300, 2.320); rope10 ...``: each group's mean and its seeds, formatted by `spec`
+    (".3g" for values far from 1)."""
+    return "; ".join(f"{name} {sum(values) / len(values):{spec}} ({', '.join(f'{v:{spec}}' for v in values)})"
+                     for name, values in groups.items())
 
 
 def plot_val_curves(panels: Mapping[str, Path], variants: Optional[Mapping[str, Sequence[str]]] = None) -> bytes:

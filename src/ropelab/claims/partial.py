@@ -137,12 +137,12 @@ def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
     parts = [("lambada_stdlib perplexity drops sharply from < 10 % to >= 10 %", rises_sharply(ppl, 0.1, higher_is_better=False)),
              ("nextline_stdlib accuracy flat across fractions", matches({label[f]: v for f, v in nextline.items()})),
              ("python_mc accuracy flat across fractions", matches({label[f]: v for f, v in quiz.items()}))]
-    measured = ("lm-evaluation-harness, zero-shot, on the 10 runs of partial-stdlib. lambada_stdlib (300 items: the last "
+    measured = (f"lm-evaluation-harness, zero-shot, on the {len(results['runs'])} runs of partial-stdlib. lambada_stdlib (300 items: the last "
                 "identifier of a stdlib validation passage that only its context gives away) perplexity: "
-                f"{mean_text({label[f]: v for f, v in ppl.items()}, 2)}. nextline_stdlib (300 items: the next line of a "
+                f"{mean_text({label[f]: v for f, v in ppl.items()}, '.3g')}. nextline_stdlib (300 items: the next line of a "
                 "validation passage among 4, acc_norm; chance 0.25): "
-                f"{mean_text({label[f]: v for f, v in nextline.items()}, 3)}. python_mc (8 questions about Python, acc_norm): "
-                f"{mean_text({label[f]: v for f, v in quiz.items()}, 3)}.")
+                f"{mean_text({label[f]: v for f, v in nextline.items()})}. python_mc (8 questions about Python, acc_norm): "
+                f"{mean_text({label[f]: v for f, v in quiz.items()})}.")
     figure = _plot_rq6({"lambada_stdlib perplexity": ppl, "nextline_stdlib acc_norm": nextline, "python_mc acc_norm": quiz})
     return from_parts(measured, parts, figure, "The three tasks against the rotated fraction, per seed.",
                       "LAMBADA accuracy is 0 for every tiny model (they predict no whole identifier), so the verdict reads "
@@ -172,7 +172,7 @@ def _judge_spikes(studies: Mapping[str, Path]) -> Finding:
              for run in collect_runs(study_dir)}
     measured = ("NoPE on parallel (Pythia-style) blocks, d_model 128, byte-level stdlib, without gradient clipping, "
                 f"{schedule(study_dir)}, with and without QK-Norm. Loss spikes "
-                f"counted by the study's detector (rolling median + MAD): {mean_text(counts, 1)}. Highest training loss "
+                f"counted by the study's detector (rolling median + MAD): {mean_text(counts, '.0f')}. Highest training loss "
                 f"after the first step: {', '.join(f'{k} {v:.2f}' for k, v in peaks.items())} (the untrained model "
                 f"scores about 5.6). Final validation loss: {mean_text(losses)}.")
     return from_parts(measured, parts, _plot_spikes(study_dir, rows), "Training loss; triangles mark the detected spikes.",
