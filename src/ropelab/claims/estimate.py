@@ -11,6 +11,7 @@ the students' steps reached, times `jobs` (the cache is written on every core be
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from pathlib import Path
@@ -29,10 +30,14 @@ from ropelab.train.phases import resolve_phases
 OVERHEAD = 12.0  # seconds per run: process start, data, evaluations and checkpoints (measured on tiny runs)
 
 
+@functools.lru_cache(maxsize=None)
+def _tokenizer_vocab(spec: str, corpus: str) -> int:
+    """The padded vocabulary of a tokenizer, loaded once per (spec, corpus) for all runs that share it."""
+    return padded_vocab(load_tokenizer(spec, corpus).vocab_size)
+
+
 def _vocab(run: PlannedRun) -> int:
-    if run.config.model.vocab_size:
-        return run.config.model.vocab_size
-    return padded_vocab(load_tokenizer(run.config.data.tokenizer, run.config.data.corpus).vocab_size)
+    return run.config.model.vocab_size or _tokenizer_vocab(run.config.data.tokenizer, run.config.data.corpus)
 
 
 def step_seconds(model_config: ModelConfig, micro_batch: int, seq_len: int, threads: int) -> float:

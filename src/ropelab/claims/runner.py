@@ -9,9 +9,9 @@ invocations, for the report.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -23,6 +23,7 @@ from ropelab.claims.paths import claims_configs
 from ropelab.claims.report import write_claims_report
 from ropelab.claims.verdict import INCONCLUSIVE, Verdict
 from ropelab.config import ConfigError
+from ropelab.files import write_atomically
 from ropelab.machine import describe
 from ropelab.study.grid import StudyConfig, load_study
 from ropelab.study.pipeline import run_and_report
@@ -71,9 +72,7 @@ def _timings(out: Path) -> dict:
 
 
 def _save_timings(out: Path, timings: dict) -> None:
-    tmp = out / "timings.json.tmp"
-    tmp.write_text(json.dumps(timings, indent=2))
-    os.replace(tmp, out / "timings.json")
+    write_atomically(out / "timings.json", json.dumps(timings, indent=2))
 
 
 def _judge(claim: Claim, folders: dict[str, Path], statuses: dict[str, dict]) -> Finding:
@@ -116,15 +115,9 @@ def run_claims(only: Optional[Sequence[str]] = None, out: str | Path = "claims",
         "machine": f"{describe()}, {platform.platform()}",
         "studies": [{"name": stem, "runs": len(statuses[stem]), "tokens": study_estimate(studies[stem], jobs, measure=False)["tokens"],
                      "seconds": round(timings[stem], 1),
-                     "status": ", ".join(f"{n} {s}" for s, n in _count(statuses[stem]).items())} for stem in studies],
+                     "status": ", ".join(f"{n} {s}" for s, n in Counter(statuses[stem].values()).items())} for stem in studies],
         "judging seconds": round(sum(v for k, v in timings.items() if k.startswith("judge ")), 1),
     }
     report = write_claims_report(out, [(c, findings[c.id]) for c in claims], meta)
     return {"findings": findings, "report": report}
 
-
-def _count(statuses: dict[str, str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in statuses.values():
-        counts[status] = counts.get(status, 0) + 1
-    return counts
