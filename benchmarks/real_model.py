@@ -217,9 +217,10 @@ def make_run(library: str, model, row: Row, quick: bool, precision: str) -> Call
                 del out
         return forward
 
-    from ropelab.train.optim import build_optimizer
+    from ropelab.train.optim import allocate_state, build_optimizer
 
     optimizer = build_optimizer(model, TrainConfig())
+    allocate_state(optimizer)  # as the trainer does: the moments before the first step, for both libraries
     if library == "ropelab":
         model.set_activation_checkpointing(row.checkpointing)
         from ropelab.data.loader import Batch

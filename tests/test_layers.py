@@ -1,5 +1,6 @@
-"""ropelab.layers: rms_norm and swiglu give the plain expressions' values and gradients bit for bit, in
-fp32, bf16 and mixed (bf16 activations, fp32 weight: autocast), and keep fewer tensors for backward."""
+"""ropelab.layers: rms_norm, swiglu and the fused rms_norm_linear and swiglu_linear give the plain
+expressions' values and gradients bit for bit, in fp32, bf16 and mixed (bf16 activations, fp32 weight:
+autocast), and keep fewer tensors for backward."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ropelab.layers import rms_norm, swiglu
+from ropelab.layers import rms_norm, rms_norm_linear, swiglu, swiglu_linear
 
 DTYPES = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
           "bf16-x-fp32-weight": (torch.bfloat16, torch.float32)}
@@ -26,11 +27,11 @@ def plain_swiglu(gate, up):
 
 def values_and_grads(fn, inputs, seed=1):
     """fn(*inputs) and the gradient of every input that requires one, for a random upstream gradient."""
-    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    leaves = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     out = fn(*leaves)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
     out.backward(grad)
-    return out, [t.grad for t in leaves if t.requires_grad]
+    return out, [t.grad for t in leaves if t is not None and t.requires_grad]
 
 
 def saved_bytes(fn, inputs) -> int:
@@ -41,7 +42,7 @@ def saved_bytes(fn, inputs) -> int:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in inputs]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*leaves)
     return sum(storages.values())
@@ -92,3 +93,71 @@ def test_they_keep_fewer_tensors_for_backward():
     gate, up = torch.randn(8, 64, 96), torch.randn(8, 64, 96)
     assert saved_bytes(plain_swiglu, (gate, up)) == 3 * x_bytes  # gate, silu(gate), up
     assert saved_bytes(swiglu, (gate, up)) == 2 * x_bytes  # gate, up
+
+
+def plain_norm_linears(x, norm_weight, *params):
+    normed = rms_norm(x, norm_weight, 1e-5)
+    return tuple(F.linear(normed, w, b) for w, b in zip(params[0::2], params[1::2]))
+
+
+def norm_linears(x, norm_weight, *params):
+    return rms_norm_linear(x, norm_weight, 1e-5, list(zip(params[0::2], params[1::2])))
+
+
+def values_and_grads_of_outputs(fn, inputs, seed=1):
+    """values_and_grads for a function of several outputs: a random upstream gradient for each."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    outs = fn(*leaves)
+    gen = torch.Generator().manual_seed(seed)
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs])
+    return outs, [t.grad for t in leaves if t is not None and t.requires_grad]
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_norm_linear_and_swiglu_linear_equal_the_plain_layers_bit_for_bit(dtype, bias):
+    gen = torch.Generator().manual_seed(0)
+
+    def tensor(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).requires_grad_()
+
+    params = [t for out in (32, 16, 16) for t in (tensor(out, 48), tensor(out) if bias else None)]
+    inputs = (tensor(3, 17, 48), tensor(48), *params)
+    ours, ours_grads = values_and_grads_of_outputs(norm_linears, inputs)
+    plain, plain_grads = values_and_grads_of_outputs(plain_norm_linears, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours_grads, plain_grads, strict=True))
+
+    inputs = (tensor(3, 17, 40), tensor(3, 17, 40), tensor(24, 40), tensor(24) if bias else None)
+    ours, ours_grads = values_and_grads(swiglu_linear, inputs)
+    plain, plain_grads = values_and_grads(lambda g, u, w, b: F.linear(swiglu(g, u), w, b), inputs)
+    assert torch.equal(ours, plain)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours_grads, plain_grads, strict=True))
+
+
+def test_fused_layers_keep_x_and_rstd_or_gate_and_up_only():
+    x, weight = torch.randn(8, 64, 96), torch.ones(96)
+    projections = [torch.randn(40, 96), None, torch.randn(24, 96), None]
+    x_bytes, rstd_bytes = x.numel() * 4, 8 * 64 * 4
+    weights_bytes = 96 * 4 + (40 + 24) * 96 * 4
+    # plain: the norm keeps x and rstd, each projection the normalised x (one tensor, shared)
+    assert saved_bytes(plain_norm_linears, (x, weight, *projections)) == 2 * x_bytes + rstd_bytes + weights_bytes
+    assert saved_bytes(norm_linears, (x, weight, *projections)) == x_bytes + rstd_bytes + weights_bytes
+    gate, up, down = torch.randn(8, 64, 96), torch.randn(8, 64, 96), torch.randn(40, 96)
+    down_bytes = down.numel() * 4
+    assert saved_bytes(lambda g, u, w: F.linear(swiglu(g, u), w), (gate, up, down)) == 3 * x_bytes + down_bytes
+    assert saved_bytes(lambda g, u, w: swiglu_linear(g, u, w, None), (gate, up, down)) == 2 * x_bytes + down_bytes
+
+
+def test_fused_layers_run_the_plain_expressions_under_autocast_and_without_gradients():
+    x, weight, w = torch.randn(2, 5, 16), torch.randn(16), torch.randn(8, 16)
+    with torch.no_grad():
+        assert torch.equal(rms_norm_linear(x, weight, 1e-5, [(w, None)])[0], F.linear(rms_norm(x, weight, 1e-5), w))
+    leaf = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (out,) = rms_norm_linear(leaf, weight, 1e-5, [(w, None)])
+        down = swiglu_linear(out, out, w.t().contiguous(), None)
+    assert out.dtype == down.dtype == torch.bfloat16  # autocast's casts, recorded by autograd as usual
+    assert "RMSNormLinear" not in type(out.grad_fn).__name__ and "SwiGLULinear" not in type(down.grad_fn).__name__
+    down.float().sum().backward()
+    assert leaf.grad is not None and leaf.grad.dtype == torch.float32

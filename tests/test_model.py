@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
+from ropelab import layers
+from ropelab import model as model_module
 from ropelab.model import KVCache, Transformer, count_params_meta, model_summary
 
 TINY = dict(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=64)
@@ -212,3 +214,34 @@ def test_activation_checkpointing_setting_is_validated():
     with pytest.raises(ConfigError) as info:
         build_run_config(overrides=["train.activation_checkpointing=blocks"])
     assert str(info.value) == "train.activation_checkpointing='blocks': must be one of 'none', 'mlp', 'full'"
+
+
+FUSED = {"llama": {}, "llama-biases-qk-norm": dict(attn_bias=True, mlp_bias=True, qk_norm=True),
+         "parallel-rmsnorm": dict(block="parallel"), "pythia": BLOCKS["pythia"]}
+
+
+@pytest.mark.parametrize("block", sorted(FUSED))
+def test_fused_norm_and_projection_layers_train_as_the_plain_ones_bit_for_bit(block, monkeypatch):
+    """While training, a block's norms run inside its projections (ropelab.layers.rms_norm_linear,
+    swiglu_linear); with that switched off every op runs on its own: the loss and every gradient match."""
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(5))
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(layers, "fusable", lambda x: False)
+            monkeypatch.setattr(model_module, "fusable", lambda x: False)
+        model = _randomize(_model(**FUSED[block])).train()
+        _, loss = model(ids, ids.roll(-1, dims=1))
+        loss.backward()
+        results.append([loss.detach()] + [p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_a_llama_block_keeps_only_what_backward_cannot_recompute_cheaply():
+    """Per token and layer: the block's input and middle residual, q, k, v, the attention output and
+    its log-sum-exp, gate and up, and the two rstd: no normalised input and no silu(gate) * up."""
+    config = dict(block="sequential", norm="rmsnorm", mlp="swiglu", n_head=4, n_kv_head=2, d_model=32, d_ff=48)
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(6))
+    one, two = (_saved_activation_bytes(_model(**config, n_layer=n).train(), ids) for n in (1, 2))
+    C, F_, H, KD = 32, 48, 4, 2 * 8
+    assert (two - one) / 4 / ids.numel() == 4 * C + 2 * KD + 2 * F_ + H + 2

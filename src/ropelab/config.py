@@ -559,7 +559,7 @@ class DistillConfig:
     temperature: float = 1.0
     alpha: float = 1.0  # weight of KD; 1 - alpha weighs cross-entropy
     top_k: Optional[int] = None  # None: the full vocabulary
-    chunk_tokens: int = 4096  # tokens per chunk of the loss: it holds about six fp32 (chunk x vocab) tensors
+    chunk_tokens: int = 4096  # tokens per chunk of the loss: with a teacher it holds about six fp32 (chunk x vocab) tensors
     teacher_device: str = "auto"  # auto: the student's device
     teacher_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     # HF teacher under a document mask: padded tokens per forward when documents run separately

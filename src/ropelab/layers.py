@@ -7,44 +7,65 @@ PyTorch expressions, with fewer tensors kept for backward.
   swiglu(gate, up)          silu(gate) * up. Autograd keeps gate, silu(gate) and up; this keeps gate
                             and up and recomputes silu(gate) in backward (elementwise, cheap beside
                             the matrix products around it).
+  rms_norm_linear(x, ...)   rms_norm(x) fed to one or more linear layers (q, k and v; gate and up).
+                            Each linear would keep the normalised x for its weight's gradient; this
+                            keeps x and rstd only and normalises again in backward.
+  swiglu_linear(g, u, ...)  a linear layer over swiglu(g, u) (the MLP's down projection), which would
+                            keep silu(g) * u; this keeps g and u only (backward needs silu(g) anyway).
 
-Per token and layer of a Llama block (C d_model, F d_ff) that is 2C + F fewer floats saved for
-backward (SmolLM2-135M: 2,688 of ~11,700); BENCHMARKS.md ("Real model") has the measured peaks.
-Both run the plain expressions' own ops in the same order, forward and backward (autograd's chain
-rule written out), so values and gradients are bit-identical to the plain versions in fp32, bf16 and
-mixed (tests/test_layers.py).
+Per token and layer of a Llama block (C d_model, F d_ff): the first two save 2C + F floats, the
+last two another 2C + F (SmolLM2-135M: 11,147 -> 8,459 -> 5,771). BENCHMARKS.md ("Real model")
+has the measured peaks. All run the plain expressions' own ops in the same order, forward and
+backward (autograd's chain rule written out, its matrix products in its operand order), so values
+and gradients are bit-identical to the plain versions (tests/test_layers.py). The two fused ones
+work while recording gradients outside autocast (fp32 or bf16 weights); under autocast, and without
+gradients, they run the plain expressions (autocast would have to be replayed in backward).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 
+def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
+
+
+def _normalised(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    return weight * (x.float() * rstd).to(x.dtype)
+
+
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
+        rstd = _rstd(x, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return weight * (xf * rstd).to(x.dtype)
+        return _normalised(x, weight, rstd)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
-        xf = x.float()
-        grad_weight = None
-        if ctx.needs_input_grad[1]:  # the normalised x, recomputed
-            grad_weight = (grad * (xf * rstd).to(x.dtype)).sum_to_size(weight.shape).to(weight.dtype)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # autograd's own chain rule through x * rsqrt(mean(x^2) + eps), op for op: the gradient of
-            # the normalised x (rounded to x's dtype, as autograd rounds it through forward's .to),
-            # then the direct term plus the one through rstd, mean and pow
-            g = (grad * weight).to(x.dtype).float()
-            grad_rstd = -0.5 * (g * xf).sum(-1, keepdim=True) * rstd.pow(3)
-            grad_x = (g * rstd + grad_rstd / x.shape[-1] * (2 * xf)).to(x.dtype)
-        return grad_x, grad_weight, None
+        return *_rms_norm_backward(grad, x, weight, rstd, *ctx.needs_input_grad[:2]), None
+
+
+def _rms_norm_backward(grad, x, weight, rstd, need_x: bool, need_weight: bool):
+    """Gradients of x and weight of weight * (x * rstd).to(x.dtype), given the output's gradient."""
+    xf = x.float()
+    grad_weight = None
+    if need_weight:  # the normalised x, recomputed
+        grad_weight = (grad * (xf * rstd).to(x.dtype)).sum_to_size(weight.shape).to(weight.dtype)
+    grad_x = None
+    if need_x:
+        # autograd's own chain rule through x * rsqrt(mean(x^2) + eps), op for op: the gradient of
+        # the normalised x (rounded to x's dtype, as autograd rounds it through forward's .to),
+        # then the direct term plus the one through rstd, mean and pow
+        g = (grad * weight).to(x.dtype).float()
+        grad_rstd = -0.5 * (g * xf).sum(-1, keepdim=True) * rstd.pow(3)
+        grad_x = (g * rstd + grad_rstd / x.shape[-1] * (2 * xf)).to(x.dtype)
+    return grad_x, grad_weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,3 +94,87 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up (the SwiGLU MLP's hidden activation); saves gate and up for backward."""
     return _SwiGLU.apply(gate, up)
+
+
+def fusable(x: torch.Tensor) -> bool:
+    """Whether the fused layers run their own autograd node: only while recording gradients, and
+    not under autocast, whose casts backward would have to replay."""
+    return torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])  # (..., N) -> (tokens, N), as matmul folds a linear's input
+
+
+def _linear_backward(grad, x, weight, need_x: bool, need_weight: bool, need_bias: bool):
+    """Gradients of F.linear(x, weight, bias) as autograd computes them: x's is grad @ weight, the
+    weight's grad^T x over the folded tokens (autograd's order for a transposed weight), the bias's
+    the sum over tokens."""
+    rows = _rows(grad)
+    grad_x = grad.matmul(weight) if need_x else None
+    grad_weight = rows.t().mm(_rows(x)) if need_weight else None
+    grad_bias = rows.sum(0) if need_bias else None
+    return grad_x, grad_weight, grad_bias
+
+
+class _RMSNormLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, norm_weight, eps, *params):  # params: weight, bias (or None) of each linear
+        rstd = _rstd(x, eps)
+        normed = _normalised(x, norm_weight, rstd)
+        ctx.save_for_backward(x, norm_weight, rstd, *params[0::2])
+        ctx.has_bias = [b is not None for b in params[1::2]]
+        return tuple(F.linear(normed, w, b) for w, b in zip(params[0::2], params[1::2]))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, norm_weight, rstd, *weights = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        normed = _normalised(x, norm_weight, rstd)
+        grad_params, grad_normed = [], None
+        # last linear first, as autograd's engine reaches them, so the sum rounds as autograd's does
+        for i in reversed(range(len(weights))):
+            part, grad_weight, grad_bias = _linear_backward(grads[i], normed, weights[i], True, needs[3 + 2 * i],
+                                                            ctx.has_bias[i] and needs[4 + 2 * i])
+            grad_normed = part if grad_normed is None else grad_normed + part
+            grad_params[:0] = [grad_weight, grad_bias]
+        return *_rms_norm_backward(grad_normed, x, norm_weight, rstd, needs[0], needs[1]), None, *grad_params
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    linears: list[tuple[torch.Tensor, Optional[torch.Tensor]]]) -> tuple[torch.Tensor, ...]:
+    """F.linear(rms_norm(x, norm_weight, eps), weight, bias) for each (weight, bias) of `linears`,
+    keeping only x and rstd for backward (module docstring)."""
+    if not fusable(x):
+        normed = rms_norm(x, norm_weight, eps)
+        return tuple(F.linear(normed, w, b) for w, b in linears)
+    return _RMSNormLinear.apply(x, norm_weight, eps, *(t for pair in linears for t in pair))
+
+
+class _SwiGLULinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, weight, bias):
+        ctx.save_for_backward(gate, up, weight)
+        return F.linear(F.silu(gate) * up, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        silu = F.silu(gate)
+        grad_hidden, grad_weight, grad_bias = _linear_backward(grad, silu * up, weight, needs[0] or needs[1],
+                                                               needs[2], needs[3])
+        grad_gate = grad_up = None
+        if needs[0]:
+            grad_gate = torch.ops.aten.silu_backward((grad_hidden * up).to(gate.dtype), gate)
+        if needs[1]:
+            grad_up = (grad_hidden * silu).to(up.dtype)
+        return grad_gate, grad_up, grad_weight, grad_bias
+
+
+def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """F.linear(swiglu(gate, up), weight, bias), keeping only gate and up for backward (module docstring)."""
+    if not fusable(gate):
+        return F.linear(swiglu(gate, up), weight, bias)
+    return _SwiGLULinear.apply(gate, up, weight, bias)

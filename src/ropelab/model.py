@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
 from ropelab.config import ModelConfig
-from ropelab.layers import rms_norm, swiglu
+from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_linear
 from ropelab.rope import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -39,6 +39,17 @@ def make_norm(config: ModelConfig, dim: int) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(dim, config.norm_eps)
     return nn.LayerNorm(dim, eps=config.norm_eps)
+
+
+def project(norm: Optional[nn.Module], x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    """Each linear layer of norm(x) (of x itself without a norm). While training, an RMSNorm runs
+    together with them, so that backward keeps x and its rstd instead of the normalised x
+    (ropelab.layers.rms_norm_linear); the norm module's own forward, and so its hooks, run only
+    without gradients or under autocast."""
+    if isinstance(norm, RMSNorm) and fusable(x):
+        return rms_norm_linear(x, norm.weight, norm.eps, [(linear.weight, linear.bias) for linear in linears])
+    x = x if norm is None else norm(x)
+    return tuple(linear(x) for linear in linears)
 
 
 class KVCache:
@@ -86,11 +97,14 @@ class Attention(nn.Module):
         position_ids: torch.Tensor,
         doc_ids: Optional[torch.Tensor],
         kv_cache: Optional[KVCache] = None,
+        norm: Optional[nn.Module] = None,
     ) -> torch.Tensor:
+        """x (B, T, C), normalised here by `norm` if given -> (B, T, C)."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, K, T, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        q, k, v = project(norm, x, self.q_proj, self.k_proj, self.v_proj)  # (B, T, H * D), (B, T, K * D) x 2
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, K, T, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         q, k = self.rope(q, k, position_ids)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v, self.layer)  # (B, K, S + T, D)
@@ -107,10 +121,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.swiglu:  # silu(gate) * up, keeping only gate and up for backward (ropelab.layers)
-            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # (B, T, F) -> (B, T, C)
-        return self.down_proj(F.gelu(self.up_proj(x)))
+    def forward(self, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """x (B, T, C), normalised here by `norm` if given -> (B, T, C)."""
+        if self.swiglu:  # down(silu(gate) * up), keeping only gate and up for backward (ropelab.layers)
+            gate, up = project(norm, x, self.gate_proj, self.up_proj)  # (B, T, F) each
+            return swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
+        (up,) = project(norm, x, self.up_proj)
+        return self.down_proj(F.gelu(up))
 
 
 class Block(nn.Module):
@@ -141,12 +158,12 @@ class Block(nn.Module):
     def _forward(self, x, position_ids, doc_ids, kv_cache, recompute: str) -> torch.Tensor:
         mlp = functools.partial(checkpoint, self._mlp, use_reentrant=False) if recompute == "mlp" else self._mlp
         if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-            return x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache) + mlp(x)
-        x = x + self.attn(self.attn_norm(x), position_ids, doc_ids, kv_cache)
+            return x + self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm) + mlp(x)
+        x = x + self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm)
         return x + mlp(x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.mlp_norm(x))
+        return self.mlp(x, self.mlp_norm)
 
 
 class Transformer(nn.Module):

@@ -210,3 +210,32 @@ def test_student_equal_to_teacher_has_zero_kd(seed, T, k):
     labels = torch.randint(0, 30, (1, 9), generator=g)
     out = kd_loss(h, W, labels, TeacherHidden(h, W), T, 1.0, k, 4)
     assert abs(out.kd.item()) <= 1e-4
+
+
+@pytest.mark.parametrize("z_loss", [0.0, 1e-2], ids=["ce", "ce+z"])
+@pytest.mark.parametrize("chunk", [7, 1000], ids=["chunks", "one-chunk"])
+def test_cross_entropy_alone_matches_autograd_for_any_upstream_gradient(z_loss, chunk):
+    """Without a teacher the chunk's logits are worked on in place (`_ce_chunk`), and backward scales the
+    stored gradients in place: values and gradients still equal the direct expression's, times 3."""
+    hs, W, _, _, labels = _inputs(seed=8)
+    grads = []
+    for ours in (True, False):
+        h, w = hs.clone().requires_grad_(), W.clone().requires_grad_()
+        if ours:
+            loss = kd_loss(h, w, labels, None, chunk_tokens=chunk, z_loss=z_loss).loss
+        else:
+            keep = labels.flatten() != -100
+            logits = (h @ w.T).flatten(0, 1)[keep]
+            loss = F.cross_entropy(logits, labels.flatten()[keep]) + z_loss * logits.logsumexp(-1).square().mean()
+        (3.0 * loss).backward()
+        grads.append((loss.detach(), h.grad, w.grad))
+    for ours, direct in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, direct, rtol=1e-5, atol=1e-6)
+
+
+def test_a_second_backward_through_one_loss_is_refused():
+    hs, W, _, _, labels = _inputs(seed=9)
+    loss = kd_loss(hs.requires_grad_(), W, labels, None).loss
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()

@@ -11,7 +11,7 @@ import torch
 
 from ropelab.config import ConfigError, ModelConfig, TrainConfig, build_run_config
 from ropelab.model import Transformer
-from ropelab.train.optim import build_optimizer, fused_supported, lr_at
+from ropelab.train.optim import allocate_state, build_optimizer, fused_supported, lr_at
 
 
 def test_fused_adamw_takes_the_unfused_step():
@@ -107,3 +107,28 @@ def test_wsd_warmup_and_decay_must_fit_in_the_run():
         build_run_config(overrides=overrides)
     build_run_config(overrides=overrides[:2] + ["train.decay_fraction=0.5"])
     build_run_config(overrides=["train.warmup_fraction=0.5", "train.decay_fraction=0.6"])  # cosine ignores it
+
+
+def test_allocated_state_trains_exactly_as_the_lazily_made_one():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=32, n_layer=1, d_model=16, n_head=2, d_ff=32, max_seq_len=16))
+    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    config = TrainConfig(lr=1e-2, weight_decay=0.1)
+    eager, lazy = build_optimizer(model, config), build_optimizer(twin, config)
+    allocate_state(eager)
+    assert len(eager.state) == len(list(model.parameters())) and not lazy.state
+    for p, before in zip(model.parameters(), start.parameters(), strict=True):
+        assert torch.equal(p, before) and p.grad is None
+        state = eager.state[p]
+        assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    assert [g["lr"] for g in eager.param_groups] == [1e-2, 1e-2]
+    idx = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        for net, optimizer in ((model, eager), (twin, lazy)):
+            net(idx, idx)[1].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+    state = {k: v.clone() for k, v in eager.state[next(model.parameters())].items()}
+    allocate_state(eager)  # state already there: nothing changes
+    assert all(torch.equal(v, eager.state[next(model.parameters())][k]) for k, v in state.items())

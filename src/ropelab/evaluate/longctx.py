@@ -48,6 +48,7 @@ from ropelab.data.tokenizer import load_tokenizer
 from ropelab.data.tokens import open_split
 from ropelab.evaluate.lm_eval_report import run_labels
 from ropelab.evaluate.longctx_report import check_out_dir, write_reports
+from ropelab.model import project
 from ropelab.sources.runs import IMPORT
 from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
@@ -88,12 +89,14 @@ class _PrefixAttention(nn.Module):
         self.keys: Optional[torch.Tensor] = None
         self.values: Optional[torch.Tensor] = None
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None, kv_cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None, kv_cache=None,
+                norm: Optional[nn.Module] = None) -> torch.Tensor:
         a = self.inner  # `kv_cache`: the model's own cache, never given here (this class is the prefix cache)
         B, T, _ = x.shape
-        q = a.q_norm(a.q_proj(x).view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
-        k = a.k_norm(a.k_proj(x).view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)
-        v = a.v_proj(x).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
+        q, k, v = project(norm, x, a.q_proj, a.k_proj, a.v_proj)
+        q = a.q_norm(q.view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
+        k = a.k_norm(k.view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)
+        v = v.view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
         q, k = a.rope(q, k, position_ids)
         if self.keys is None:
             self.keys, self.values = k, v

@@ -40,7 +40,7 @@ from ropelab.train.distributed import (
 )
 from ropelab.train.metrics import MetricsLog, read_metrics
 from ropelab.train.objectives import Objective, build_objective
-from ropelab.train.optim import build_optimizer, lr_at, set_lr
+from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
 from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases
 from ropelab.train.throughput import Throughput
 
@@ -292,6 +292,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         start_step = state["step"]
         phase_results = state.get("phase_results", [])
         init_record = state.get("init_from")
+    allocate_state(optimizer)  # a fresh run's moments before any activation (resumed: already loaded)
     forward = torch.compile(wrapped) if tc.compile else wrapped
     objectives: dict[int, Objective] = {}
     throughputs: dict[int, Throughput] = {}

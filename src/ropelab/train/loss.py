@@ -28,7 +28,8 @@ head (`TeacherHidden`) or from stored top-k log-probabilities (`TeacherTopK`). T
 respect to the student's hidden states and head are computed in closed form (see `_chunk`) and
 accumulated chunk by chunk during the forward pass (`_ChunkedLoss`, the approach of fused linear
 cross-entropy kernels), so backward holds no chunk's logits either, and none are recomputed. Peak
-memory: about six fp32 (chunk_tokens x V) tensors plus one gradient of the student's head.
+memory: about six fp32 (chunk_tokens x V) tensors with a teacher, one without (cross-entropy alone
+works on the logits in place, `_ce_chunk`), plus one gradient of the student's head.
 
 Vocabulary. The teacher's logits cover the ids of the tokenizer both models share; student columns
 beyond them (embedding rows padded to a multiple of 64) get zero teacher probability: they stay in
@@ -143,14 +144,16 @@ def _kl_topk(logq: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, want_gra
 def _chunk(zs: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, spec: _Spec, grad_scale: Optional[float]):
     """Sums of (KD, CE, logsumexp^2) over one chunk and, given `grad_scale`, the gradient of
     `grad_scale` x their weighted sum with respect to the student's fp32 logits `zs` (n, V), which
-    is overwritten. Each full-size step works in place where it can: a chunk holds about six
-    (n, V) fp32 tensors at its peak.
+    is overwritten. Each full-size step works in place where it can: with a teacher a chunk holds
+    about six (n, V) fp32 tensors at its peak, without one a single one (`_ce_chunk`).
 
     Gradients, per row, with s = softmax(zs), q = softmax(zs / T):
       d CE / d zs = s - onehot(label);   d lse^2 / d zs = 2 lse s;   d kd / d zs = T (q - target),
     target = p for the full vocabulary (0 on student-only columns), and for top-k p on S and
     p_rest q_j / q_rest outside S."""
     w_kd, w_ce, w_z = spec.weights
+    if spec.teacher is None:
+        return _ce_chunk(zs, labels, w_ce, w_z, grad_scale)
     lse = zs.logsumexp(-1, keepdim=True)
     sums = [zs.new_zeros(()), (lse - zs.gather(1, labels[:, None])).sum(), lse.square().sum()]
     grad = None
@@ -187,6 +190,23 @@ def _chunk(zs: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, spec: _Sp
     return torch.stack(sums), grad
 
 
+def _ce_chunk(zs: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, grad_scale: Optional[float]):
+    """`_chunk` without a teacher: every full-size step in place on `zs`, so the chunk holds one (n, V)
+    tensor. `logsumexp` and an out-of-place `zs - lse` would each allocate (and page in) another:
+    on a 49k vocabulary that was most of the loss's time."""
+    picked = zs.gather(1, labels[:, None])  # the labels' logits, before zs is overwritten
+    peak = zs.amax(-1, keepdim=True)
+    e = zs.sub_(peak).exp_()  # exp(zs - max)
+    total = e.sum(-1, keepdim=True)
+    lse = total.log().add_(peak)
+    sums = torch.stack([zs.new_zeros(()), (lse - picked).sum(), lse.square().sum()])
+    if grad_scale is None or not (w_ce or w_z):
+        return sums, None
+    grad = e.mul_(((w_ce + 2 * w_z * lse) * grad_scale).div_(total))  # softmax, scaled
+    grad[torch.arange(len(labels), device=zs.device), labels] -= w_ce * grad_scale
+    return sums, grad
+
+
 class _ChunkedLoss(torch.autograd.Function):
     """Loss and its gradients, chunk by chunk, in one forward pass (gradients in closed form, see
     `_chunk`); backward only scales the stored gradients of the hidden states and the head."""
@@ -197,7 +217,7 @@ class _ChunkedLoss(torch.autograd.Function):
         scale = 1.0 / max(kept.numel(), 1)
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_w = None  # the first chunk's product, then the others added in place
         grad_scale = scale if need_h or need_w else None
         sums = torch.zeros(3, device=hidden.device)
         for rows in kept.split(spec.chunk_tokens):
@@ -210,8 +230,16 @@ class _ChunkedLoss(torch.autograd.Function):
                     # F.linear, not @: autocast and `ropelab.precision`'s GEMM policy route linear layers only
                     grad_h[rows] = F.linear(grad, weight.t()).to(grad_h.dtype)
                 if need_w:
-                    grad_w += F.linear(grad.t(), h.to(weight.dtype).t()).to(grad_w.dtype)
-        ctx.save_for_backward(grad_h, grad_w)
+                    h = h.to(weight.dtype)
+                    if grad_w is not None and not torch.is_autocast_enabled(h.device.type):
+                        grad_w.addmm_(grad.t(), h)  # in place: no (V, C) temporary
+                    else:
+                        part = F.linear(grad.t(), h.t()).to(weight.dtype)
+                        grad_w = part if grad_w is None else grad_w.add_(part)
+        if need_w and grad_w is None:  # no labelled token
+            grad_w = torch.zeros_like(weight)
+        # kept as attributes, not saved tensors, so that backward can hand them on without a copy
+        ctx.grads = (grad_h, grad_w)
         means = sums * scale
         loss = sum(w * m for w, m in zip(spec.weights, means))
         kd, ce, z = means[0], means[1], means[2]
@@ -220,9 +248,12 @@ class _ChunkedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
-        grad_h, grad_w = ctx.saved_tensors
-        return (None if grad_h is None else grad_h * grad_loss.to(grad_h.dtype),
-                None if grad_w is None else grad_w * grad_loss.to(grad_w.dtype), None, None)
+        if ctx.grads is None:
+            raise RuntimeError("kd_loss: backward ran twice through one loss (retain_graph is not supported)")
+        grads, ctx.grads = ctx.grads, None
+        # scaled in place and handed on: autograd takes the head's gradient as the weight's .grad
+        # instead of copying it, which spares a (V, C) tensor for the whole backward pass
+        return *(None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads), None, None
 
 
 def kd_loss(

@@ -66,7 +66,7 @@ class ChunkedObjective:
         return out.loss, figures
 
 
-def cross_entropy_objective(use_doc_mask: bool = False, chunk_tokens: int = 4096, z_loss: float = 0.0) -> ChunkedObjective:
+def cross_entropy_objective(use_doc_mask: bool = False, chunk_tokens: int = 256, z_loss: float = 0.0) -> ChunkedObjective:
     """Next-token cross-entropy, chunked: `ChunkedObjective` without a source."""
     return ChunkedObjective(chunk_tokens=chunk_tokens, use_doc_mask=use_doc_mask, z_loss=z_loss)
 

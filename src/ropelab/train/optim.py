@@ -33,6 +33,34 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused)
 
 
+def allocate_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state now, as its first step would (AdamW: both moments zero, step 0):
+    one step on zero gradients at learning rate 0, which leaves every parameter exactly as it was,
+    then the step counts set back to 0. Does nothing when there is state already (a resumed run) or
+    a parameter holds a gradient.
+
+    Made before the first forward, the moments are in place before any activation; made lazily by
+    the first step, they arrive when the first backward has just freed its activations, and on CPU
+    the allocator often cannot reuse that memory for them: the first step then peaks above every
+    later one (BENCHMARKS.md, "Real model")."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if optimizer.state or any(p.grad is not None for p in params):
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    set_lr(optimizer, 0.0)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    for state in optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
+    optimizer.zero_grad(set_to_none=True)
+
+
 def lr_at(step: int, config: TrainConfig, total_steps: int | None = None) -> float:
     """The learning rate of 0-based `step` of `total_steps` (default `config.steps`): linear warm-up over
     `warmup_fraction` of the steps to `lr`, then by `schedule`
