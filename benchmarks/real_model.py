@@ -1,7 +1,7 @@
 """SmolLM2-135M, ropelab `Transformer` against Hugging Face's `LlamaForCausalLM`: speed and peak memory.
 
-    python benchmarks/real_model.py                   # every row, --reps 3 (on 2 shared cores: the forward rows
-                                                      # 27 min at load 2.5-6.6, the training rows 48 min at 3.5-9.8)
+    python benchmarks/real_model.py                   # every row, --reps 3 (on 2 cores: 26 min at load 1-4,
+                                                      # 75 min at load 2.5-9.8)
     python benchmarks/real_model.py --rows train,train-full --reps 5
     python benchmarks/real_model.py --quick           # 2 random layers, tiny lengths (the test), < 1 min
 
@@ -20,7 +20,7 @@ Rows (batch x tokens; `--quick`: 1 x 64, 1 x 256, 2 x 32):
   train      4 x 512: forward with loss, backward, AdamW step, zero_grad. ropelab: the trainer's
              chunked cross-entropy objective (`cross_entropy_objective()`, never the full logits);
              HF: `hf(input_ids=ids, labels=ids).loss`. Both: `build_optimizer(model, TrainConfig())`
-             (fused AdamW), the same token ids, and the same targets (ropelab's labels are HF's
+             (fused AdamW, its state allocated first as the trainer does), the same token ids, and the same targets (ropelab's labels are HF's
              shift: the next token, -100 at the end), so their first losses must agree.
   train-mlp  the same, ropelab with `train.activation_checkpointing=mlp` (each block's norm + MLP run
              again in backward); HF as in `train` (its default, no checkpointing)
