@@ -26,11 +26,13 @@ def plain_swiglu(gate, up):
 
 
 def values_and_grads(fn, inputs, seed=1):
-    """fn(*inputs) and the gradient of every input that requires one, for a random upstream gradient."""
+    """fn(*inputs) (one tensor or a tuple of them) and the gradient of every input that requires one,
+    for a random upstream gradient of each output."""
     leaves = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     out = fn(*leaves)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
-    out.backward(grad)
+    outs = (out,) if isinstance(out, torch.Tensor) else out
+    gen = torch.Generator().manual_seed(seed)
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs])
     return out, [t.grad for t in leaves if t is not None and t.requires_grad]
 
 
@@ -104,15 +106,6 @@ def norm_linears(x, norm_weight, *params):
     return rms_norm_linear(x, norm_weight, 1e-5, list(zip(params[0::2], params[1::2])))
 
 
-def values_and_grads_of_outputs(fn, inputs, seed=1):
-    """values_and_grads for a function of several outputs: a random upstream gradient for each."""
-    leaves = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    outs = fn(*leaves)
-    gen = torch.Generator().manual_seed(seed)
-    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs])
-    return outs, [t.grad for t in leaves if t is not None and t.requires_grad]
-
-
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_fused_norm_linear_and_swiglu_linear_equal_the_plain_layers_bit_for_bit(dtype, bias):
@@ -123,8 +116,8 @@ def test_fused_norm_linear_and_swiglu_linear_equal_the_plain_layers_bit_for_bit(
 
     params = [t for out in (32, 16, 16) for t in (tensor(out, 48), tensor(out) if bias else None)]
     inputs = (tensor(3, 17, 48), tensor(48), *params)
-    ours, ours_grads = values_and_grads_of_outputs(norm_linears, inputs)
-    plain, plain_grads = values_and_grads_of_outputs(plain_norm_linears, inputs)
+    ours, ours_grads = values_and_grads(norm_linears, inputs)
+    plain, plain_grads = values_and_grads(plain_norm_linears, inputs)
     assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours_grads, plain_grads, strict=True))
 

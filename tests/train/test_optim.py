@@ -14,22 +14,32 @@ from ropelab.model import Transformer
 from ropelab.train.optim import allocate_state, build_optimizer, fused_supported, lr_at
 
 
-def test_fused_adamw_takes_the_unfused_step():
+def tiny_model_twin_and_start() -> tuple[Transformer, Transformer, Transformer]:
+    """A 1-layer model, a copy to train beside it, and a copy of the weights before either trains."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=32, n_layer=1, d_model=16, n_head=2, d_ff=32, max_seq_len=16))
-    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    return model, copy.deepcopy(model), copy.deepcopy(model)
+
+
+def train_side_by_side(pairs, steps: int = 3) -> None:
+    """`steps` steps of each (model, optimizer) on the same tokens, alternating."""
+    idx = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    for _ in range(steps):
+        for net, optimizer in pairs:
+            net(idx, idx)[1].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def test_fused_adamw_takes_the_unfused_step():
+    model, twin, start = tiny_model_twin_and_start()
     config = TrainConfig(lr=1e-2, weight_decay=0.1)
     fused = build_optimizer(model, config)
     assert fused.defaults["fused"] is True
     plain = build_optimizer(twin, config)
     for group in plain.param_groups:
         group["fused"] = None  # the same groups and hyper-parameters, torch's default implementation
-    idx = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
-    for _ in range(3):
-        for net, optimizer in ((model, fused), (twin, plain)):
-            net(idx, idx)[1].backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    train_side_by_side(((model, fused), (twin, plain)))
     for ours, theirs, before in zip(model.parameters(), twin.parameters(), start.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
         assert not torch.equal(ours, before)
@@ -110,9 +120,7 @@ def test_wsd_warmup_and_decay_must_fit_in_the_run():
 
 
 def test_allocated_state_trains_exactly_as_the_lazily_made_one():
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=32, n_layer=1, d_model=16, n_head=2, d_ff=32, max_seq_len=16))
-    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    model, twin, start = tiny_model_twin_and_start()
     config = TrainConfig(lr=1e-2, weight_decay=0.1)
     eager, lazy = build_optimizer(model, config), build_optimizer(twin, config)
     allocate_state(eager)
@@ -122,12 +130,7 @@ def test_allocated_state_trains_exactly_as_the_lazily_made_one():
         state = eager.state[p]
         assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
     assert [g["lr"] for g in eager.param_groups] == [1e-2, 1e-2]
-    idx = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
-    for _ in range(3):
-        for net, optimizer in ((model, eager), (twin, lazy)):
-            net(idx, idx)[1].backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    train_side_by_side(((model, eager), (twin, lazy)))
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
     state = {k: v.clone() for k, v in eager.state[next(model.parameters())].items()}
     allocate_state(eager)  # state already there: nothing changes
