@@ -5,7 +5,7 @@
                                        the user's (so a fine-tune of SmolLM2 needs no shape keys)
   check_init(config)                   the run can start from its source: the same weight shapes and
                                        the same tokenizer; one-line ConfigError otherwise, reading
-                                       only configurations and tokenizers
+                                       only configurations and tokenizers (`check_same_weights`)
   initial_weights(config)              (the source's state dict, a record of where it came from)
 
 Settings that do not change a weight's shape may differ from the source: RoPE theta, fraction,
@@ -78,19 +78,25 @@ def check_init(config: RunConfig) -> None:
         source_config, source = load_config(name)
     except ConfigError as exc:
         raise ConfigError(f"{_key(name)}: {exc}") from None
+    check_same_weights(config, source_config, _key(name))
+
+
+def check_same_weights(config: RunConfig, source_config: RunConfig, key: str) -> None:
+    """ConfigError (one line, starting with `key`) unless `config` has `source_config`'s weight shapes
+    (`SHAPE_KEYS`; a vocabulary not set yet is left to the tokenizer) and tokenizer."""
     mine, theirs = config.model, source_config.model
     for field in SHAPE_KEYS:
         ours = getattr(mine, field)
         if field == "vocab_size" and ours is None:
             continue
         if ours != getattr(theirs, field):
-            raise ConfigError(f"{_key(name)}: model.{field}={ours!r} but the source has {getattr(theirs, field)!r}; "
+            raise ConfigError(f"{key}: model.{field}={ours!r} but the source has {getattr(theirs, field)!r}; "
                               "settings that change weight shapes must match the source")
     d, s = config.data, source_config.data
     run_tokenizer = load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
     source_tokenizer = load_tokenizer(s.tokenizer, s.corpus, s.val_percent)
     if run_tokenizer.fingerprint() != source_tokenizer.fingerprint():
-        raise ConfigError(f"{_key(name)}: data.tokenizer={d.tokenizer!r} is not the source's tokenizer "
+        raise ConfigError(f"{key}: data.tokenizer={d.tokenizer!r} is not the source's tokenizer "
                           f"({s.tokenizer!r}); the weights' token ids would mean other tokens")
 
 
@@ -148,4 +154,4 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
     return converted.state_dict(), record
 
 
-__all__ = ["run_config", "check_init", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]
+__all__ = ["run_config", "check_init", "check_same_weights", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]

@@ -9,13 +9,14 @@ A checkpoint is a folder ``checkpoints/step_<N>/``:
   state.pt             step, phase, data position, world size and global batch (rank 0)
   rng_rank<R>.pt       each rank's torch / numpy / python (and CUDA) RNG states, as tensors and lists
   PHASE                (phase-boundary checkpoints only) the phase's name; never pruned
+  KEEP                 (`train.checkpoint_steps` only: points other runs branch from) never pruned
   CHECKSUMS.json       size and checksum of every file above (`ropelab.train.integrity`)
   COMPLETE             written last; names CHECKSUMS.json with its CRC-32
 Every rank writes into ``.tmp_step_<N>`` first; rank 0 adds the marker and renames the folder
 into place only after all ranks have finished, so a crash mid-write leaves a temporary folder
 that is never loaded (and is cleared on the next save). The last ``keep`` checkpoints are kept,
-plus every phase-boundary checkpoint (`phase_checkpoints` finds them, e.g. for probing), the
-`protect`ed ones the trainer names, and the newest one whose files have their recorded sizes.
+plus every phase-boundary checkpoint (`phase_checkpoints` finds them, e.g. for probing), every
+one marked KEEP, the `protect`ed ones the trainer names, and the newest one whose files have their recorded sizes.
 On a multi-node job the run directory must be on a file system every node sees.
 
 Trust. `read_state`, `load_checkpoint`, `load_weights` and `weights_vocab` verify the files they
@@ -50,6 +51,7 @@ from ropelab.train.integrity import MANIFEST, MARKER, DamagedCheckpoint, verify_
 from ropelab.train.safe_pickle import UnsafeCheckpoint, dcp_load, load_plain, read_dcp_metadata  # noqa: F401 (also for callers)
 
 PHASE_MARKER = "PHASE"
+KEEP_MARKER = "KEEP"  # a checkpoint kept for good (`train.checkpoint_steps`: a point runs branch from)
 _SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 
 
@@ -250,11 +252,12 @@ def clear_partial(run_dir: Path) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int,
                     env: Optional[DistEnv] = None, phase_end: Optional[str] = None, full_weights: bool = True,
-                    protect: Iterable[Path] = ()) -> Path:
+                    protect: Iterable[Path] = (), keep_for_good: bool = False) -> Path:
     """Collective: every rank calls it with its own (possibly sharded) model and optimizer.
     `phase_end` names the phase this checkpoint completes (kept for good); `full_weights` adds
     model.safetensors (under FSDP a gather of every weight onto rank 0); `protect` names checkpoints
-    pruning must keep (the trainer's last known-good one). `extra` is plain data (numbers, strings,
+    pruning must keep (the trainer's last known-good one); `keep_for_good` marks it to be kept like a
+    phase boundary. `extra` is plain data (numbers, strings,
     lists, dicts, tensors)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -285,6 +288,8 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
     if env.is_main:
         if phase_end is not None:
             (tmp / PHASE_MARKER).write_text(phase_end)
+        if keep_for_good:
+            (tmp / KEEP_MARKER).write_text(f"{step}\n")
         manifest_line = integrity.write_manifest(tmp, known)
         (tmp / MARKER).write_text(f"{step}\n{manifest_line}\n")
         if final.exists():  # the same step written again after a resume
@@ -324,7 +329,8 @@ def prune(run_dir: Path, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
             continue
         kept.add(folder.resolve())
         break
-    deleted = [old for old in found if old.resolve() not in kept and not (old / PHASE_MARKER).is_file()]
+    deleted = [old for old in found if old.resolve() not in kept
+               and not (old / PHASE_MARKER).is_file() and not (old / KEEP_MARKER).is_file()]
     for old in deleted:
         shutil.rmtree(old, ignore_errors=True)
     return deleted

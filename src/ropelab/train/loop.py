@@ -34,6 +34,7 @@ from ropelab.precision import matmul_dtype, mixed_precision
 from ropelab.sources.init import check_init, initial_weights
 from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.branch import BranchPoint, branch_point
 from ropelab.train.lock import RunLock
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
@@ -64,6 +65,7 @@ class TrainResult:
     skipped_steps: int = 0
     phases: list = field(default_factory=list)  # [{"name", "end_step", "val_loss"}]
     init_from: Optional[dict] = None  # where the step-0 weights came from (`train.init_from`)
+    branch_from: Optional[dict] = None  # the checkpoint this run continues (`train.branch_from`)
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -204,12 +206,16 @@ def train(
         config = (config or RunConfig()).validate()
     env, device = init_distributed(config.train.device)
     started_group = env.active
-    if config.train.init_from and not resume:
-        check_init(config)  # before the run directory is made: a mismatch leaves nothing behind
+    branch = None
+    if not resume:  # before the run directory is made: a mismatch leaves nothing behind
+        if config.train.init_from:
+            check_init(config)
+        if config.train.branch_from:
+            branch = branch_point(config)
     lock = None
     try:
         lock = RunLock(run_dir).acquire() if env.is_main else None  # inside: a full disk fails in one line
-        return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device)
+        return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device, branch)
     except OSError as exc:
         if exc.errno not in _STORAGE_ERRORS:
             raise
@@ -223,7 +229,8 @@ def train(
             shutdown_distributed()
 
 
-def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device) -> TrainResult:
+def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device,
+           branch: Optional[BranchPoint] = None) -> TrainResult:
     config_path = run_dir / CONFIG
     tc = config.train
     if tc.data_parallel is not None and tc.data_parallel != env.world and not resume:
@@ -285,10 +292,16 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     wrapped = wrap_model(model, tc.parallel, env, device, uses_bf16(config, device))
     optimizer = build_optimizer(wrapped, tc)
     phase_results = []  # {"name", "end_step", "val_loss"} of the phases completed so far
+    branch_record = branch.record() if branch else None
     if latest is not None:  # verified above: the loads below check sizes only
         state = ckpt.read_state(latest, verify="sizes")
         _check_resume_world(state, phases, env, latest)
         ckpt.load_checkpoint(latest, wrapped, optimizer, env, verify="sizes")
+        branch_record = state.get("branch_from")
+    elif branch is not None:  # a branch may change the batch: its data position is its own step
+        state = ckpt.read_state(branch.checkpoint)
+        ckpt.load_checkpoint(branch.checkpoint, wrapped, optimizer, env)
+    if latest is not None or branch is not None:
         start_step = state["step"]
         phase_results = state.get("phase_results", [])
         init_record = state.get("init_from")
@@ -329,12 +342,13 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     def save(at_step: int, phase: Phase) -> None:
         extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
                  "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results,
-                 "init_from": init_record}
+                 "init_from": init_record, "branch_from": branch_record}
         phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
         every = tc.full_weights == "every" or (tc.full_weights == "auto" and tc.parallel != "fsdp")
         protect = [p for p in (known_good["last"],) if p is not None]
         known_good["pending"] = ckpt.save_checkpoint(run_dir, at_step, wrapped, optimizer, extra, tc.keep_checkpoints, env,
-                                                     phase_end, full_weights=every or at_step == phase.end, protect=protect)
+                                                     phase_end, full_weights=every or at_step == phase.end, protect=protect,
+                                                     keep_for_good=at_step in tc.checkpoint_steps)
 
     progress = _progress(tc.progress and env.is_main)
     stop = _GracefulStop()
@@ -417,7 +431,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                         f"{run_dir}: {guard.consecutive} consecutive bad steps (last: {reason} at step {step}); {where}"
                     )
                 # a state reached through skipped steps only is not saved: its data position is past bad batches
-                if (step % ptc.checkpoint_every == 0 or step == phase.end) and guard.consecutive == 0:
+                due = step % ptc.checkpoint_every == 0 or step == phase.end or step in tc.checkpoint_steps
+                if due and guard.consecutive == 0:
                     save(step, phase)
                 val_text = f" val {last_val:.3f}" if last_val == last_val else ""
                 mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
@@ -437,7 +452,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         run_dir=run_dir, steps=step, final_train_loss=last_loss, final_val_loss=last_val,
         tokens=_tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
         tokens_per_s=trained_tokens / compute_time if compute_time else float("nan"),
-        skipped_steps=guard.skipped, phases=phase_results, init_from=init_record,
+        skipped_steps=guard.skipped, phases=phase_results, init_from=init_record, branch_from=branch_record,
     )
     if env.is_main:
         write_result(run_dir, result.to_dict())

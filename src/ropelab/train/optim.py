@@ -61,25 +61,39 @@ def allocate_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def warmup_steps(config: TrainConfig, total_steps: int | None = None) -> int:
+    """Warm-up steps: `warmup_steps` when set, else `warmup_fraction` of the run's steps."""
+    if config.warmup_steps is not None:
+        return config.warmup_steps
+    return int(round(config.warmup_fraction * (total_steps or config.steps)))
+
+
 def lr_at(step: int, config: TrainConfig, total_steps: int | None = None) -> float:
-    """The learning rate of 0-based `step` of `total_steps` (default `config.steps`): linear warm-up over
-    `warmup_fraction` of the steps to `lr`, then by `schedule`
-      cosine  cosine decay to lr * min_lr_ratio over the remaining steps;
-      wsd     warmup-stable-decay (Hägele et al. 2024; MHA2MLA, Ji et al. 2025): `lr` until the last
-              `decay_fraction` of the steps, then lr - (lr - lr * min_lr_ratio) * sqrt(progress), progress
-              running from 0 at the first decay step (exactly lr) to 1 at the end (exactly lr * min_lr_ratio).
-    Steps past the end get lr * min_lr_ratio; a phase restarts its schedule (the trainer counts from its start)."""
+    """The learning rate of 0-based `step` of `total_steps` (default `config.steps`): linear warm-up
+    (`warmup_steps`) to `lr`, then by `schedule`
+      cosine    cosine decay to lr * min_lr_ratio over the remaining steps;
+      constant  `lr` to the end (a frontier's trunk: its cooldowns are branches, `ropelab.study.frontier`);
+      wsd       warmup-stable-decay (Hägele et al. 2024; MHA2MLA, Ji et al. 2025): `lr` until the last
+                `decay_fraction` of the steps, then down to lr * min_lr_ratio by `decay_shape` over the
+                decay's progress p, from 0 at its first step (exactly lr) to 1 at the end (exactly the
+                floor): 1-sqrt takes off (lr - floor) * sqrt(p), linear (lr - floor) * p.
+    Steps past the end get lr * min_lr_ratio (cosine, wsd); a phase restarts its schedule (the trainer
+    counts from its start)."""
     total = total_steps or config.steps
-    warmup = int(round(config.warmup_fraction * total))
+    warmup = warmup_steps(config, total)
     peak, floor = config.lr, config.lr * config.min_lr_ratio
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
+    if config.schedule == "constant":
+        return peak
     if config.schedule == "wsd":
         decay_start = max(warmup, total - max(1, int(round(config.decay_fraction * total))))
         if step < decay_start:
             return peak
         progress = (step - decay_start) / max(1, total - decay_start)
-        return floor if progress >= 1 else peak - (peak - floor) * math.sqrt(progress)
+        if progress >= 1:
+            return floor
+        return peak - (peak - floor) * (math.sqrt(progress) if config.decay_shape == "1-sqrt" else progress)
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 
