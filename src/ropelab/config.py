@@ -453,10 +453,13 @@ class TrainConfig:
     lr: float = 4e-4
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.05
+    warmup_steps: Optional[int] = None  # set: the warm-up in steps, in place of warmup_fraction (a branch keeps its trunk's)
     # cosine: warm-up, then cosine decay to lr * min_lr_ratio; wsd (warmup-stable-decay): warm-up, constant
-    # lr, then 1 - sqrt decay to lr * min_lr_ratio over the last decay_fraction of the steps
-    schedule: Literal["cosine", "wsd"] = "cosine"
+    # lr, then a decay of `decay_shape` to lr * min_lr_ratio over the last decay_fraction of the steps;
+    # constant: warm-up, then lr to the end (a frontier's trunk: its cooldowns are branches)
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     decay_fraction: float = 0.1
+    decay_shape: Literal["1-sqrt", "linear"] = "1-sqrt"
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -494,6 +497,13 @@ class TrainConfig:
     # A model source (run, checkpoint, imported or HF folder, hub name, GGUF file, built-in name) whose
     # weights start the run, with a fresh optimizer and schedule (see `ropelab.sources.init`)
     init_from: Optional[str] = None
+    # A run (its newest checkpoint, or the one at branch_step) or a checkpoint folder whose full training
+    # state this run continues: weights, optimizer moments, step count, data position and RNG; the
+    # schedule is this run's own, and steps count on from the checkpoint's (`ropelab.train.branch`)
+    branch_from: Optional[str] = None
+    branch_step: Optional[int] = None
+    # Steps whose checkpoints are written and kept for good (the points a study branches from)
+    checkpoint_steps: list[int] = field(default_factory=list)
     # Checksums of every file a checkpoint load reads (always), or their sizes only (cheap; see
     # `ropelab.train.integrity` for the measured cost per GB)
     verify_checkpoints: Literal["always", "sizes"] = "always"
@@ -517,11 +527,22 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
         if not (0 <= self.warmup_fraction < 1):
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1)")
+        if self.warmup_steps is not None and not (0 <= self.warmup_steps < max(self.steps, 1)):
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be in [0, train.steps={self.steps})")
+        if self.branch_from is not None and self.init_from is not None:
+            raise ConfigError("train.branch_from and train.init_from: give one (a branch continues a run's whole "
+                              "training state; init_from takes only weights)")
+        if self.branch_step is not None and (self.branch_from is None or self.branch_step < 0):
+            raise ConfigError(f"train.branch_step={self.branch_step}: needs train.branch_from and must be >= 0")
+        for i, step in enumerate(self.checkpoint_steps):
+            if not 0 < step <= self.steps:
+                raise ConfigError(f"train.checkpoint_steps[{i}]={step}: must be in [1, train.steps={self.steps}]")
         if not (0 < self.decay_fraction <= 1):
             raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]")
-        if self.schedule == "wsd" and self.warmup_fraction + self.decay_fraction > 1:
-            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: with train.warmup_fraction="
-                              f"{self.warmup_fraction}, warm-up and decay exceed the run (their sum must be <= 1)")
+        warmup = self.warmup_fraction if self.warmup_steps is None else self.warmup_steps / max(self.steps, 1)
+        if self.schedule == "wsd" and warmup + self.decay_fraction > 1 + 1e-12:
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: with a warm-up of {warmup:g} of the "
+                              "steps, warm-up and decay exceed the run (their sum must be <= 1)")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints}: must be >= 1")
         if self.spike_factor is not None and self.spike_factor <= 1:
@@ -669,7 +690,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is list or tp is list:
         if not isinstance(value, list):
             raise ConfigError(f"{key}={value!r}: must be a list")
-        if args and dataclasses.is_dataclass(args[0]):
+        if args:
             return [_coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
         return value
     return value
