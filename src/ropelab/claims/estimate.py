@@ -23,6 +23,7 @@ from ropelab.data.tokenizer import load_tokenizer, padded_vocab
 from ropelab.model import Transformer
 from ropelab.sources.plans import shape_config
 from ropelab.sources.loading import load_config
+from ropelab.study.frontier import non_embedding_params
 from ropelab.study.grid import PlannedRun, StudyConfig, expand
 from ropelab.study.teacher_cache import shared_caches
 from ropelab.train.phases import resolve_phases
@@ -88,8 +89,11 @@ def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: floa
 
 
 def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> dict:
-    """{"runs": [{run, steps, tokens, seconds}], "tokens", "teacher_seconds", "seconds"}: `seconds` is
-    the wall time expected with `jobs` runs at once (None without `measure`)."""
+    """{"runs": [{run, steps, tokens, params, tokens_per_param, seconds}], "tokens", "tokens_per_param",
+    "teacher_seconds", "seconds"}. `steps` and `tokens` are what the run trains itself (a branch starts
+    at its parent's step), `tokens_per_param` what its model has seen at the end per non-embedding
+    parameter (the study's: the largest); `seconds` is the wall time expected with `jobs` runs at once
+    (None without `measure`)."""
     runs = expand(study)
     threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
     measured: dict[tuple, float] = {}
@@ -97,12 +101,15 @@ def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> d
     rows = []
     for run in runs:
         vocab = _vocab(run) if measure else None
-        steps = tokens = 0
+        steps = tokens = seen = 0
         seconds = OVERHEAD
+        start = (run.config.train.branch_step or 0) if run.config.train.branch_from else 0
         for phase in resolve_phases(run.config, run.config.train.data_parallel or 1):
             tc, seq = phase.config.train, phase.config.data.seq_len
-            steps += phase.steps
-            tokens += phase.steps * tc.global_batch * seq
+            trained = max(0, phase.end - max(phase.start, start))
+            steps += trained
+            tokens += trained * tc.global_batch * seq
+            seen += phase.steps * tc.global_batch * seq
             if measure:
                 shape = dataclasses.replace(shape_config(phase.config.model), vocab_size=vocab)
                 key = (repr(shape), tc.micro_batch, seq)
@@ -111,10 +118,13 @@ def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> d
                     with torch.device("meta"):
                         flops = Transformer(shape).flops_per_token(seq) * tc.micro_batch * seq
                     rates.append(flops / measured[key])
-                seconds += phase.steps * tc.grad_accum * measured[key]
-        rows.append({"run": run.id, "steps": steps, "tokens": tokens, "seconds": seconds if measure else None})
+                seconds += trained * tc.grad_accum * measured[key]
+        params = non_embedding_params(run.config.model)
+        rows.append({"run": run.id, "steps": steps, "tokens": tokens, "params": params, "tokens_per_param": seen / params,
+                     "seconds": seconds if measure else None})
+    totals = {"runs": rows, "tokens": sum(r["tokens"] for r in rows),
+              "tokens_per_param": max(r["tokens_per_param"] for r in rows)}
     if not measure:
-        return {"runs": rows, "tokens": sum(r["tokens"] for r in rows), "teacher_seconds": None, "seconds": None}
+        return {**totals, "teacher_seconds": None, "seconds": None}
     teacher = _teacher_seconds(study, runs, max(rates) * max(1, jobs))
-    return {"runs": rows, "tokens": sum(r["tokens"] for r in rows), "teacher_seconds": teacher,
-            "seconds": teacher + sum(r["seconds"] for r in rows) / max(1, jobs)}
+    return {**totals, "teacher_seconds": teacher, "seconds": teacher + sum(r["seconds"] for r in rows) / max(1, jobs)}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ropelab.cli.common import Command
+from ropelab.cli.common import Command, positive_int
 
 
 def _add_claims(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", help="comma-separated claim ids (rq1,...,spikes,kd-beats-ce,...) or a seed number (000, 001)")
     p.add_argument("--out", default="claims", help="folder for the studies and claims.html/md/json (default: ./claims)")
-    p.add_argument("--jobs", type=int, default=2, help="runs trained at once, CPU threads split between them (default 2)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="runs trained at once, CPU threads split between them (default 2)")
     p.add_argument("--configs", help="folder of the claim studies (default: the repository's configs/claims)")
     p.add_argument("--dry-run", action="store_true", help="print each study's runs, tokens and expected time, and stop")
     p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
@@ -22,12 +22,13 @@ def _print_plan(rows: list[dict], jobs: int) -> None:
 
     minutes = lambda seconds: f"{seconds / 60:.1f} min"  # noqa: E731
     table = Table(title=f"claims plan: expected time with --jobs {jobs} on this machine (measured training steps)")
-    for column in ("study", "claims", "runs", "tokens", "teacher", "expected"):
+    for column in ("study", "claims", "runs", "tokens", "tokens per non-emb. param", "teacher", "expected"):
         table.add_column(column, justify="left" if column in ("study", "claims") else "right")
     for row in rows:
         table.add_row(row["study"], ", ".join(row["claims"]), str(len(row["runs"])), f"{row['tokens']:,}",
-                      minutes(row["teacher_seconds"]) if row["teacher_seconds"] else "", minutes(row["seconds"]))
-    table.add_row("total", "", str(sum(len(r["runs"]) for r in rows)), f"{sum(r['tokens'] for r in rows):,}", "",
+                      f"{row['tokens_per_param']:.3g}", minutes(row["teacher_seconds"]) if row["teacher_seconds"] else "",
+                      minutes(row["seconds"]))
+    table.add_row("total", "", str(sum(len(r["runs"]) for r in rows)), f"{sum(r['tokens'] for r in rows):,}", "", "",
                   minutes(sum(r["seconds"] for r in rows)))
     by_claim = Table(title="per claim: the studies it reads (a study shared by several claims runs once)")
     for column in ("claim", "studies", "runs", "tokens", "expected"):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from ropelab.cli.common import Command, numbers, token_counts
+from ropelab.cli.common import Command, numbers, positive_int, token_counts
 from ropelab.config import ConfigError, MODEL_PRESETS
 
 
 def _add_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="study YAML (base, variants, grid); default: the seed's fraction grid on tiny-llama")
     p.add_argument("--out", default="study", help="study directory (default: ./study)")
-    p.add_argument("--jobs", type=int, help="runs trained at once, CPU threads split between them (default: one per CPU core without CUDA, else 1)")
+    p.add_argument("--jobs", type=positive_int, help="runs trained at once, CPU threads split between them (default: one per CPU core without CUDA, else 1)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (runs, tokens, FLOPs, GPU-hours, memory) and stop")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the dry-run's GPU-hours (default 0.4)")
     p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
@@ -35,14 +35,19 @@ def cmd_study(args: argparse.Namespace) -> int:
         print_plan(expand(study), args.mfu)
         return 0
     from ropelab.study.pipeline import run_and_report
+    from ropelab.train.stop import EX_TEMPFAIL
 
     outcome = run_and_report(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
     statuses, paths = outcome["statuses"], outcome["report"]
     failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
-    print(f"study done: {len(statuses) - len(failed)}/{len(statuses)} runs finished; report: {paths['report.html']}")
+    interrupted = [k for k, v in statuses.items() if v == "interrupted"]
+    done = len(statuses) - len(failed) - len(interrupted)
+    print(f"study done: {done}/{len(statuses)} runs finished; report: {paths['report.html']}")
     if failed:
         print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")
-    return 1 if failed else 0
+    if interrupted:
+        print(f"runs stopped by a signal (re-run the same command to continue them): {', '.join(interrupted)}")
+    return 1 if failed else EX_TEMPFAIL if interrupted else 0
 
 
 def _add_report(p: argparse.ArgumentParser) -> None:
@@ -160,9 +165,30 @@ def cmd_rope_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_fit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study_dir", metavar="STUDY_DIR", help="a frontier study's folder (a study YAML with a `frontier` key)")
+    p.add_argument("--out", help="also write fit.md and its figures into this new (or empty) folder")
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from ropelab.study.frontier_report import frontier_sections, write_fit
+
+    if args.out:
+        paths = write_fit(args.study_dir, args.out)
+        print(paths["fit.md"].read_text())
+        print(f"written: {', '.join(str(p) for p in paths.values())}")
+        return 0
+    sections = frontier_sections(args.study_dir)
+    if not sections:
+        raise ConfigError(f"{args.study_dir}: no finished frontier runs to fit (a study with a `frontier` key writes them)")
+    print("\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections))
+    return 0
+
+
 COMMANDS: list[Command] = [
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
     ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
     ("rope-base", _add_rope_base, cmd_rope_base, "lower bound on the RoPE base for a context length per rotary dims (Men et al. 2024)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
+    ("fit", _add_fit, cmd_fit, "fit scaling laws to a frontier study: loss against tokens (and size), bootstrap intervals, held-out check"),
 ]

@@ -14,6 +14,7 @@ A study YAML looks like::
     longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
     extrapolation: {lengths: [512, 1024]}   # optional: RoPE scaling methods beyond the trained length, every finished run
     teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
+    frontier: {budgets: [5, 10, 20]}   # optional: each run becomes a trunk and a cooldown per budget (`ropelab.study.frontier`)
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
@@ -30,11 +31,12 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
 from ropelab.evaluate.extrapolation import make_settings
 from ropelab.sources.init import run_config
+from ropelab.study.frontier import FrontierRun, frontier_runs, parse_frontier
 from ropelab.train.phases import resolve_phases
 
 
@@ -48,6 +50,7 @@ class StudyConfig:
     longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
     extrapolation: dict | None = None  # `ropelab eval extrapolation` options, likewise
     teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
+    frontier: dict | None = None  # each run as a trunk and cooldown branches per token budget (study.frontier)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class PlannedRun:
     id: str
     overrides: dict[str, Any]
     config: RunConfig
+    frontier: Optional[FrontierRun] = None  # in a frontier study: the trunk, a cooldown or a reference run
 
 
 def _value_text(value: Any) -> str:
@@ -64,7 +68,7 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {key!r}; allowed: {', '.join(sorted(allowed))}")
@@ -76,6 +80,11 @@ def load_study(path: str | Path) -> StudyConfig:
             make_settings(**extrapolation)
         except ConfigError as exc:
             raise ConfigError(f"{path}: extrapolation: {exc}") from None
+    if data.get("frontier") is not None:
+        try:
+            parse_frontier(data["frontier"])
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     return StudyConfig(**data)
 
 
@@ -91,6 +100,7 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
         raise ConfigError("study: empty grid (give `grid` and/or `variants`)")
     runs, seen = [], set()
     keys = list(study.grid)
+    frontier = parse_frontier(study.frontier) if study.frontier is not None else None
     for variant in variants:
         if not isinstance(variant, dict):
             raise ConfigError(f"variants: each entry must be a mapping, got {variant!r}")
@@ -101,23 +111,36 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
             parts = [name] if name else []
             parts += [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in zip(keys, values)]
             run_id = "-".join(parts) or "run"
-            if run_id in seen:
-                raise ConfigError(f"study: two runs would share the id {run_id!r}; name the variants")
-            seen.add(run_id)
             tree = copy.deepcopy(study.base)
             for key, value in overrides.items():
                 set_dotted(tree, key, value)
-            try:
-                source = (tree.get("train") or {}).get("init_from")
-                referenced = isinstance(source, str) and source.startswith("@")  # a run of this study, not made yet
-                # with train.init_from a source: its shape and tokenizer are the defaults
-                config = build_run_config(tree) if referenced else run_config(tree)
-                resolve_phases(config)  # phase overrides are checked now, not when the run starts
-            except ConfigError as exc:
-                raise ConfigError(f"run {run_id}: {exc}") from None
-            runs.append(PlannedRun(run_id, overrides, config))
+            config = _resolved(run_id, tree)
+            planned = [(run_id, tree, None)]
+            if frontier is not None:  # what a fit compares: the run without its seed and model shape
+                compared = "-".join([name] * bool(name) + [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in zip(keys, values)
+                                                          if k != "seed" and not k.startswith("model.")]) or "run"
+                planned = frontier_runs(run_id, compared, tree, config, frontier)
+            for planned_id, planned_tree, record in planned:
+                if planned_id in seen:
+                    raise ConfigError(f"study: two runs would share the id {planned_id!r}; name the variants")
+                seen.add(planned_id)
+                planned_config = config if record is None else _resolved(planned_id, planned_tree)
+                runs.append(PlannedRun(planned_id, overrides, planned_config, record))
     check_references(runs)
     return runs
+
+
+def _resolved(run_id: str, tree: dict) -> RunConfig:
+    """The run's validated config; a source named ``"@<run id>"`` is a run of this study, not made yet."""
+    try:
+        train = tree.get("train") or {}
+        referenced = any(isinstance(train.get(key), str) and train[key].startswith("@") for key in ("init_from", "branch_from"))
+        # with train.init_from a source: its shape and tokenizer are the defaults
+        config = build_run_config(tree) if referenced else run_config(tree)
+        resolve_phases(config)  # phase overrides are checked now, not when the run starts
+    except ConfigError as exc:
+        raise ConfigError(f"run {run_id}: {exc}") from None
+    return config
 
 
 def references(config: RunConfig) -> list[tuple[str, str]]:

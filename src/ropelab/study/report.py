@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ropelab.config import ConfigError
 from ropelab.study.plots import BAND_CMAPS, plot_final_loss, plot_loss_curves
 from ropelab.study.sections import Section, report_sections
 from ropelab.study.summary import COLUMNS, collect_runs, findings, summarize
@@ -178,7 +179,10 @@ def write_report(
 ) -> dict[str, Path]:
     """Read ``study_dir/runs/*`` and write summary.csv, summary.json, loss_curves.png,
     final_loss.png, report.md and report.html into `out_dir` (default `study_dir`).
-    Returns ``{file name: path}``."""
+    Returns ``{file name: path}``. ConfigError for a folder that is not a study (no ``runs/``)."""
+    if not (Path(study_dir) / "runs").is_dir():
+        what = "no such folder" if not Path(study_dir).is_dir() else "not a study folder (no runs/ in it)"
+        raise ConfigError(f"{study_dir}: {what}; give the folder `ropelab study --out` wrote")
     runs = collect_runs(study_dir)
     rows = summarize(runs, target=target)
     out = Path(out_dir) if out_dir is not None else Path(study_dir)
@@ -200,6 +204,10 @@ def write_report(
     for name, data in images.items():
         paths[name].write_bytes(data)
     sections = report_sections(study_dir)
+    for section in sections:  # report.md links them; a section that reads a results folder finds them there already
+        for name, data in section.images.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
     title = _study_title(Path(study_dir))
     paths["report.md"].write_text(render_markdown(rows, sections, title))
     paths["report.html"].write_text(render_html(rows, images, sections, title))

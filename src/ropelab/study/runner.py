@@ -7,11 +7,15 @@ are skipped, unfinished ones resume from their last checkpoint, failed ones get
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
 student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
 the KD runs that share a teacher and their batches read one cache of its targets, written first.
+SIGTERM, SIGUSR1 or Ctrl-C to the study goes on to its running trainers, which save a checkpoint
+and stop (`ropelab.train.stop`); the study waits for them, marks them interrupted and raises
+`StoppedBySignal`: the same command again continues every run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -31,12 +35,13 @@ from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.lock import is_locked
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
+from ropelab.train.stop import EX_TEMPFAIL, INTERRUPTED, STOP_SIGNALS, StoppedBySignal, StopSignals, signal_name
 
 
 @dataclass
 class RunState:
     run: PlannedRun
-    status: str = "queued"  # queued, running, done, failed
+    status: str = "queued"  # queued, running, done, failed, interrupted (stopped by a signal), skipped, elsewhere
     process: Optional[subprocess.Popen] = None
     log: Optional[object] = None
 
@@ -48,6 +53,8 @@ def run_dir(study_dir: Path, run_id: str) -> Path:
 def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) -> None:
     """Write DIR/study.yaml, or check that the directory holds this same grid."""
     record = {"name": study.name, "runs": {r.id: r.config.to_dict() for r in runs}}
+    if any(r.frontier for r in runs):
+        record["frontier"] = {r.id: dataclasses.asdict(r.frontier) for r in runs if r.frontier}
     path = study_dir / "study.yaml"
     if path.exists():
         try:
@@ -94,7 +101,9 @@ def _start(state: RunState, directory: Path, threads: int, cache: Optional[Path]
     (directory / "error.txt").unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     state.log = open(directory / "train.log", "a")
-    state.process = subprocess.Popen(_command(state, directory, cache), stdout=state.log, stderr=subprocess.STDOUT, env=env)
+    # a session of its own: a Ctrl-C in the terminal reaches the study alone, which forwards it once
+    state.process = subprocess.Popen(_command(state, directory, cache), stdout=state.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
     state.status = "running"
 
 
@@ -103,6 +112,9 @@ def _finish(state: RunState, directory: Path) -> None:
     state.log.close()
     if code == 0 and (directory / RESULT).is_file():
         state.status = "done"
+        return
+    if code in (EX_TEMPFAIL, INTERRUPTED) or -code in STOP_SIGNALS:  # its checkpoint (if any) continues it next time
+        state.status = "interrupted"
         return
     state.status = "failed"
     tail = (directory / "train.log").read_text(errors="replace").strip().splitlines()[-20:]
@@ -115,7 +127,8 @@ def _overview(states: list[RunState], study_dir: Path):
     table = Table(title=f"study {study_dir}")
     for col in ("run", "status", "step", "loss", "val loss"):
         table.add_column(col)
-    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim", "skipped": "red", "elsewhere": "yellow"}
+    style = {"done": "green", "running": "yellow", "failed": "red", "queued": "dim", "skipped": "red", "elsewhere": "yellow",
+             "interrupted": "yellow"}
     for s in states:
         rows = read_metrics(run_dir(study_dir, s.run.id))
         last = rows[-1] if rows else {}
@@ -140,28 +153,39 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
     threads = max(1, (os.cpu_count() or 1) // jobs)
     console = Console()
     display_context = Live(_overview(states, study_dir), console=console, refresh_per_second=1) if live else contextlib.nullcontext()
-    with display_context as display:
+    forwarded = 0
+    with display_context as display, StopSignals(second_interrupt_aborts=False) as stop:
         while True:
             for s in states:
                 if s.status == "running" and s.process.poll() is not None:
                     _finish(s, run_dir(study_dir, s.run.id))
+            arrived = stop.received[forwarded:]
+            forwarded += len(arrived)
+            for signum in arrived:  # every one: a second Ctrl-C stops the trainers at once, as it stops `ropelab train`
+                for s in states:
+                    if s.status == "running":
+                        s.process.send_signal(signum)
             running = sum(s.status == "running" for s in states)
             status = {s.run.id: s.status for s in states}
-            for s in states:
+            for s in (states if stop.signum is None else []):  # nothing new starts once the study is stopping
                 if running >= jobs:
                     break
                 needs = [status[target] for _, target in references(s.run.config)]
-                if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere") for n in needs):
+                if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere", "interrupted") for n in needs):
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
                     _start(s, run_dir(study_dir, s.run.id), threads, caches.get(s.run.id))
                     running += 1
             if display is not None:
                 display.update(_overview(states, study_dir))
-            if not any(s.status in ("queued", "running") for s in states):
+            if not running and (stop.signum is not None or not any(s.status == "queued" for s in states)):
                 break
             time.sleep(1.0)
     if not live:
         console.print(_overview(states, study_dir))
+    if stop.signum is not None:
+        stopped = sum(s.status == "interrupted" for s in states)
+        raise StoppedBySignal(stop.signum, f"{study_dir}: stopped by {signal_name(stop.signum)} ({stopped} run(s) interrupted, "
+                                           f"their checkpoints kept); re-run the same command to continue")
     return {s.run.id: s.status for s in states}
 

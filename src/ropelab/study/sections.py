@@ -4,7 +4,8 @@
   * conversion    runs started from a source converted to a RoPE plan (`ropelab.study.conversion`);
   * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
                   `evaluate_study_longctx` when the study YAML has a ``longctx`` key);
-  * extrapolation RoPE scaling methods beyond the trained length (`ropelab.study.extrapolation`).
+  * extrapolation RoPE scaling methods beyond the trained length (`ropelab.study.extrapolation`);
+  * frontier      a frontier study's table, cooldown check and scaling-law fits (`ropelab.study.frontier_report`).
 Each section is markdown for report.md plus HTML and images for report.html.
 """
 
@@ -16,6 +17,7 @@ from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.sources.runs import read_result
 from ropelab.study.conversion import conversion_section
 from ropelab.study.extrapolation import extrapolation_section
+from ropelab.study.frontier_report import frontier_sections
 from ropelab.study.section import Section, folder_section, html_table, markdown_table
 
 LONGCTX_DIR = "longctx"
@@ -53,7 +55,7 @@ def report_sections(study_dir: str | Path) -> list[Section]:
     study_dir = Path(study_dir)
     sections = (phase_section(study_dir), conversion_section(study_dir), longctx_section(study_dir),
                 extrapolation_section(study_dir))
-    return [s for s in sections if s is not None]
+    return [s for s in sections if s is not None] + frontier_sections(study_dir)
 
 
 def evaluate_study_longctx(study_dir: str | Path, options: dict, run_ids: list[str], progress: bool = True) -> dict | None:

@@ -1,0 +1,120 @@
+"""The report section of the scaling-law fits (`ropelab.study.fit`): tables of the fitted laws with
+their bootstrap intervals, the gaps between variants, a held-out check per variant and size, and a
+figure of loss against tokens with the fitted curves."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ropelab.config import ConfigError
+from ropelab.study.fit import (DEFAULT_BUDGETS, DEFAULT_RESAMPLES, MIN_BUDGETS, Gap, Point, VariantFit,
+                               check_points, fit_variants, gap, held_out_check)
+from ropelab.study.plots import new_figure, png_bytes
+from ropelab.study.section import Section, html_table, markdown_table
+
+FIGURE_NAME = "scaling_fit.png"
+SEED_MARKERS = "os^Dvp*hX"
+SIZE_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def fit_tables(fits: Sequence[VariantFit], budgets: Mapping[str, float],
+               gaps: Sequence[Gap] = ()) -> list[tuple[list[str], list[list[str]]]]:
+    """(header, rows) of each table: the data law per variant and size, the joint law of the variants
+    that have one, the gaps; values as "fit [95 % interval]"."""
+    names = list(budgets)
+    header = ["variant", "N (non-embedding)", "budgets", "runs", "E", "beta", *(f"loss at {n}" for n in names)]
+    rows = [[fit.variant, f"{size.params:.3g}", str(size.n_budgets), str(size.law.n_points), str(size.estimates["E"]),
+             str(size.estimates["beta"]), *(str(size.estimates[f"loss at {n}"]) for n in names)]
+            for fit in fits for size in fit.sizes]
+    tables = [(header, rows)]
+    joint = [fit for fit in fits if fit.joint is not None]
+    if joint:
+        tables.append((["variant", "E", "A", "alpha", "B", "beta"],
+                       [[fit.variant, str(fit.joint_estimates["E"]), f"{fit.joint.A:.4g}",
+                         str(fit.joint_estimates["alpha"]), f"{fit.joint.B:.4g}", str(fit.joint_estimates["beta"])]
+                        for fit in joint]))
+    if gaps:
+        tables.append((["gap (loss of a - loss of b)", "N (non-embedding)", "budget", "tokens", "gap"],
+                       [[f"{g.a} - {g.b}", f"{g.params:.3g}", g.budget, f"{g.tokens:.3g}", str(g.estimate)]
+                        for g in gaps]))
+    return tables
+
+
+def plot_fits(points: Sequence[Point], fits: Sequence[VariantFit]) -> bytes:
+    """Loss against tokens (log x): every run as a point (marker = seed), the fitted L(D) of each
+    variant and size as a line (colour = variant, line style = size)."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"]
+    seeds = sorted({p.seed for p in points}, key=str)
+    fig = new_figure(7.5, 4.5)
+    ax = fig.subplots()
+    for v, fit in enumerate(fits):
+        color = palette(v % 10)
+        for s, size in enumerate(fit.sizes):
+            members = [p for p in points if p.variant == fit.variant and p.params == size.params]
+            for p in members:
+                ax.plot(p.tokens, p.loss, SEED_MARKERS[seeds.index(p.seed) % len(SEED_MARKERS)], color=color,
+                        alpha=0.6, ms=5)
+            tokens = np.geomspace(min(p.tokens for p in members), max(p.tokens for p in members), 200)
+            ax.plot(tokens, size.law.predict(tokens), SIZE_LINESTYLES[s % len(SIZE_LINESTYLES)], color=color, lw=1.5,
+                    label=f"{fit.variant} N={size.params:.3g}: E={size.law.E:.3g}, beta={size.law.beta:.3g}")
+    if len(seeds) > 1:
+        for s, seed in enumerate(seeds):
+            ax.plot([], [], SEED_MARKERS[s % len(SEED_MARKERS)], color="grey", label=f"seed {seed}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens D")
+    ax.set_ylabel("loss")
+    ax.set_title("loss against tokens, fitted L(D) = E + B D^-beta (markers: seeds)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    return png_bytes(fig)
+
+
+def _held_out_lines(points: Sequence[Point], fits: Sequence[VariantFit], resamples: int, seed: int) -> list[str]:
+    lines = []
+    for fit in fits:
+        for size in fit.sizes:
+            members = [p for p in points if p.variant == fit.variant and p.params == size.params]
+            try:
+                lines.append(str(held_out_check(members, resamples, seed)))
+            except ConfigError as error:  # fewer than 3 budgets up to half the largest
+                lines.append(f"held-out check {fit.variant} N={size.params:.3g}: not possible ({error})")
+    return lines
+
+
+def fit_section(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+                resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Section | None:
+    """The "Scaling-law fits" section, from the variants' sizes with 3 budgets or more (the others are
+    named as not fitted); None when no variant has a size with 3 budgets. Gaps are each variant against
+    the first one."""
+    points = check_points(points)
+    tokens_by_size: dict[tuple[str, float], set[float]] = {}
+    for p in points:
+        tokens_by_size.setdefault((p.variant, p.params), set()).add(p.tokens)
+    fittable = {key for key, tokens in tokens_by_size.items() if len(tokens) >= MIN_BUDGETS}
+    if not fittable:
+        return None
+    fitted = [p for p in points if (p.variant, p.params) in fittable]
+    fits = fit_variants(fitted, budgets, resamples, seed)
+    baseline = fits[0]
+    gaps = [g for fit in fits[1:] if {s.params for s in fit.sizes} & {s.params for s in baseline.sizes}
+            for g in gap(fitted, fit.variant, baseline.variant, budgets, resamples, seed)]
+    tables = fit_tables(fits, budgets, gaps)
+    checks = _held_out_lines(fitted, fits, resamples, seed)
+    skipped = [f"{variant} N={params:.3g}" for variant, params in tokens_by_size if (variant, params) not in fittable]
+    intro = ("L(D) = E + B D^-beta per variant and model size, and L(N, D) = E + A N^-alpha + B D^-beta for variants "
+             "with 3 sizes or more, fitted as Hoffmann et al. 2022 (approach 3): Huber loss of log residuals, "
+             "L-BFGS-B from a grid. Brackets: 95 % bootstrap intervals over seeds and the points of each seed "
+             f"({resamples} resamples). Budgets in tokens per parameter: "
+             + ", ".join(f"{name} = {ratio:g} N" for name, ratio in budgets.items()) + ".")
+    notes = checks + ([f"not fitted (fewer than {MIN_BUDGETS} budgets): {', '.join(skipped)}"] if skipped else [])
+    markdown = "\n\n".join([intro, f"![scaling fit]({FIGURE_NAME})",
+                            *(markdown_table(h, r) for h, r in tables), "\n".join(f"- {line}" for line in notes)])
+    html_text = (f"<p>{html.escape(intro)}</p>" + "".join(html_table(h, r) for h, r in tables)
+                 + "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in notes) + "</ul>")
+    return Section("Scaling-law fits", markdown, html_text, {FIGURE_NAME: plot_fits(fitted, fits)})
