@@ -88,6 +88,17 @@ def command_group(table: list[Command], name: str) -> tuple[Callable, Callable]:
     return add_arguments, run
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (a count, such as --jobs)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return value
+
+
 def token_counts(text: str) -> list[int]:
     """argparse type: "256,2k,128k,1M" -> [256, 2048, 131072, 1048576] (k = 1024, M = 1024^2)."""
     scale = {"k": 2**10, "K": 2**10, "m": 2**20, "M": 2**20}
