@@ -31,3 +31,27 @@ def write_study(folder: Path, means: dict[str, float], spread: float = 0.01) -> 
         for seed in (0, 1):
             write_run(folder, f"{variant}-seed{seed}", mean + (spread if seed else 0.0))
     return folder
+
+
+def write_frontier_study(folder: Path, shifts: dict, params=(50_000, 100_000), budgets=(2.5, 5.0, 10.0, 20.0),
+                         spread: float = 0.01) -> Path:
+    """A finished frontier study: a cooldown run per variant, size, budget and seed (0 and 1), whose final
+    validation loss is a common falling curve plus the variant's shift, plus `spread` at seed 1. A
+    shift is a number, or a function of the budget's doubling (0 for the smallest budget, 1, 2, ...)."""
+    record = {}
+    for variant, shift in shifts.items():
+        for size in params:
+            for doubling, budget in enumerate(budgets):
+                tokens = int(budget * size)
+                offset = shift(doubling) if callable(shift) else shift
+                for seed in (0, 1):
+                    run_id = f"{variant}-p{size}-seed{seed}-{budget:g}tpp"
+                    record[run_id] = {"role": "cooldown", "group": f"{variant}-p{size}-seed{seed}", "variant": variant,
+                                      "seed": seed, "params": size, "budget": budget, "tokens": tokens,
+                                      "unit": "tokens_per_param"}
+                    loss = 2.0 + 30.0 * tokens ** -0.3 + offset + (spread if seed else 0.0)
+                    run = folder / "runs" / run_id
+                    run.mkdir(parents=True)
+                    (run / "result.json").write_text(json.dumps({"steps": 10, "final_val_loss": loss, "tokens": tokens}))
+    (folder / "study.yaml").write_text(yaml.safe_dump({"name": folder.name, "runs": {}, "frontier": record}))
+    return folder

@@ -101,8 +101,9 @@ def test_html_opens_with_the_verdict_table_linked_to_each_claim(written):
     table_id, rows = page.tables[0]
     assert table_id == "verdicts" and rows[0] == claims_report.VERDICT_HEADER
     assert [row[0] for row in rows[1:]] == ["rq1", "kd-beats-ce", "rq6"]
-    assert [row[4] for row in rows[1:]] == [HOLDS, DOES_NOT_HOLD, INCONCLUSIVE]
-    assert rows[1][5] == "difference 0.01 against 2 x spread 0.02"  # the verdict's reason
+    assert [row[5] for row in rows[1:]] == [HOLDS, DOES_NOT_HOLD, INCONCLUSIVE]
+    assert rows[1][6] == "difference 0.01 against 2 x spread 0.02"  # the verdict's reason
+    assert rows[1][4] == "not stated / not stated"  # the regime, here and the seed's
     assert rows[3][3].endswith("…") and len(rows[3][3]) == claims_report.SHORT
     assert page.links[:3] == ["claim-rq1", "claim-kd-beats-ce", "claim-rq6"]
     assert set(page.links) <= page.ids

@@ -1,6 +1,6 @@
-"""The partial-RoPE claims judged on rigged study folders (a config.yaml, a loss curve and a final
-validation loss per run, as the study runner writes them): bands that separate give `holds`, bands
-in the wrong order give `does not hold`, and every shipped claim study config loads and expands."""
+"""The partial-RoPE claims judged on rigged frontier studies (a final validation loss per variant, model
+size, budget and seed, as a frontier study records them): bands that separate give `holds`, bands in the
+wrong order give `does not hold`, and every shipped claim study config loads and expands."""
 
 from __future__ import annotations
 
@@ -10,45 +10,70 @@ import pytest
 from ropelab.claims.paths import CLAIMS_CONFIGS
 from ropelab.claims.partial import PARTIAL_CLAIMS
 from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE
+from ropelab.config import ConfigError
 from ropelab.study.grid import expand, load_study
-from tests.claims.rigged import write_run, write_study
+from tests.claims.rigged import write_frontier_study, write_run
+
+
+def apart(gap: float):
+    """A band above (or below) by `gap` that widens a little with tokens: its gap counts and does not shrink."""
+    return lambda doubling: gap + 0.01 * doubling * (1 if gap >= 0 else -1)
+
+
+def closing(start: float):
+    """A gap that closes to zero by the largest budget (of 4): it does not grow."""
+    return lambda doubling: start * (3 - doubling) / 3
+
 
 CLAIMS = {claim.id: claim for claim in PARTIAL_CLAIMS}
-SEPARATED = {"nope": 3.0, "2ch": 2.95, "rope10": 2.50, "rope25": 2.50, "rope100": 2.49}
+SEPARATED = {"nope": apart(0.5), "2ch": apart(0.45), "rope10": closing(0.03), "rope25": closing(0.02), "rope100": 0.0}
 
 
 def test_rq1_holds_when_the_bands_separate_and_fails_when_two_channels_join_the_low_band(tmp_path):
-    holds = CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path / "a", SEPARATED)})
-    assert holds.verdict.outcome == HOLDS and holds.figure.startswith(b"\x89PNG")
-    assert [row[1] for row in holds.table[1]] == [HOLDS, HOLDS]
-    joined = CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path / "b", SEPARATED | {"2ch": 2.2})})
+    holds = CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path / "a", SEPARATED)})
+    assert holds.verdict.outcome == HOLDS, holds.verdict.reason
+    assert holds.figure.startswith(b"\x89PNG") and "tokens per non-embedding parameter" in holds.regime
+    assert [row[1] for row in holds.table[1]] == [HOLDS] * 4  # two parts at each of the two sizes
+    joined = CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path / "b", SEPARATED | {"2ch": apart(-0.3)})})
     assert joined.verdict.outcome == DOES_NOT_HOLD and "2ch" in joined.verdict.reason
 
 
 def test_rq1_is_inconclusive_when_the_seeds_disagree_more_than_the_bands(tmp_path):
-    found = CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path, SEPARATED, spread=0.5)})
+    found = CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path, SEPARATED, spread=0.5)})
     assert found.verdict.outcome == INCONCLUSIVE
 
 
+def test_rq1_is_inconclusive_while_the_gap_to_full_rope_is_closing_but_still_counts(tmp_path):
+    closing_fast = SEPARATED | {"rope10": lambda doubling: 0.4 - 0.1 * doubling}
+    found = CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path, closing_fast)})
+    assert found.verdict.outcome == INCONCLUSIVE and "would fall within the noise" in found.verdict.reason
+
+
 def test_rq4_reads_nope_alone_above_two_channels(tmp_path):
-    pythia = {"nope": 3.3, "2ch": 2.9, "rope10": 2.5, "rope100": 2.5}
-    assert CLAIMS["rq4"].judge({"partial-pythia": write_study(tmp_path / "a", pythia)}).verdict.outcome == HOLDS
-    below = pythia | {"nope": 2.7}  # NoPE converges below two channels: not "fails to converge"
-    assert CLAIMS["rq4"].judge({"partial-pythia": write_study(tmp_path / "b", below)}).verdict.outcome == DOES_NOT_HOLD
-    level = pythia | {"nope": 2.9}  # level with two channels: neither
-    assert CLAIMS["rq4"].judge({"partial-pythia": write_study(tmp_path / "c", level)}).verdict.outcome == INCONCLUSIVE
+    pythia = {"nope": apart(0.8), "2ch": apart(0.4), "rope10": closing(0.03), "rope100": 0.0}
+    assert CLAIMS["rq4"].judge({"partial-pythia": write_frontier_study(tmp_path / "a", pythia)}).verdict.outcome == HOLDS
+    below = pythia | {"nope": apart(0.1)}  # NoPE converges below two channels: not "fails to converge"
+    assert CLAIMS["rq4"].judge({"partial-pythia": write_frontier_study(tmp_path / "b", below)}).verdict.outcome == DOES_NOT_HOLD
 
 
 def test_rq3_needs_the_drift_of_ten_percent_to_grow_with_length(tmp_path):
-    stdlib = write_study(tmp_path / "stdlib", SEPARATED)
+    size = 100_000
+    scaling = write_frontier_study(tmp_path / "scaling", SEPARATED, params=(size,))
     lengths = {}
     for length, drift in ((128, 0.0), (512, 0.3)):
-        lengths |= {f"nope-len{length}": 3.0, f"rope10-len{length}": 2.5 + drift, f"rope25-len{length}": 2.5,
-                    f"rope100-len{length}": 2.49}
-    found = CLAIMS["rq3"].judge({"partial-lengths": write_study(tmp_path / "lengths", lengths), "partial-stdlib": stdlib})
+        lengths |= {f"nope-len{length}": apart(0.5), f"rope10-len{length}": apart(drift) if drift else closing(0.03),
+                    f"rope100-len{length}": 0.0}
+    found = CLAIMS["rq3"].judge({"partial-lengths": write_frontier_study(tmp_path / "lengths", lengths, params=(size,)),
+                                 "partial-scaling": scaling})
     drift_part = found.table[1][-1]
-    assert drift_part[1] == HOLDS and "gap at 512" in drift_part[0]
+    assert drift_part[1] == HOLDS and "512 against 128" in drift_part[0]
     assert found.verdict.outcome == DOES_NOT_HOLD  # with a drift of 0.3, 10 % no longer matches full RoPE at 512
+
+
+def test_rq5_compares_the_spread_of_the_largest_and_smallest_model(tmp_path):
+    found = CLAIMS["rq5"].judge({"partial-scaling": write_frontier_study(tmp_path, SEPARATED)})
+    spread_part = found.table[1][-1]
+    assert "more spread at 100,000 than at 50,000" in spread_part[0] and spread_part[1] == INCONCLUSIVE
 
 
 def test_spikes_hold_only_when_nope_spikes_and_qk_norm_does_not(tmp_path):
@@ -61,6 +86,7 @@ def test_spikes_hold_only_when_nope_spikes_and_qk_norm_does_not(tmp_path):
         write_run(study, f"nope-qknorm-seed{seed}", 2.0, calm)
     found = CLAIMS["spikes"].judge({"partial-spikes": study})
     assert found.verdict.outcome == HOLDS, found.table
+    assert "tokens per non-embedding parameter" in found.regime
     calm_study = tmp_path / "calm"
     for seed in (0, 1):
         write_run(calm_study, f"nope-seed{seed}", 2.0, calm)
@@ -69,16 +95,22 @@ def test_spikes_hold_only_when_nope_spikes_and_qk_norm_does_not(tmp_path):
 
 
 def test_a_missing_variant_is_named(tmp_path):
-    from ropelab.config import ConfigError
-
-    with pytest.raises(ConfigError, match="no run of variant 'rope10'"):
-        CLAIMS["rq1"].judge({"partial-stdlib": write_study(tmp_path, {k: v for k, v in SEPARATED.items() if k != "rope10"})})
+    without = {k: v for k, v in SEPARATED.items() if k != "rope10"}
+    with pytest.raises(ConfigError, match="no frontier of variant 'rope10'"):
+        CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path, without)})
 
 
 @pytest.mark.parametrize("path", sorted(CLAIMS_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_claim_study_loads_and_expands(path):
     runs = expand(load_study(path))
     assert runs and all(run.config.train.steps > 0 for run in runs)
+
+
+def test_every_partial_rope_frontier_reaches_twenty_tokens_per_parameter():
+    for path in sorted(CLAIMS_CONFIGS.glob("partial-*.yaml")):
+        runs = [run for run in expand(load_study(path)) if run.frontier is not None]
+        if path.stem != "partial-spikes":
+            assert max(run.frontier.tokens / run.frontier.params for run in runs if run.frontier.tokens) >= 19.9, path.name
 
 
 def test_every_study_a_claim_needs_is_shipped():

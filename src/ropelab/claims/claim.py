@@ -25,6 +25,7 @@ class Finding:
     figure_caption: str = ""
     table: Optional[tuple[list[str], list[list[str]]]] = None  # (header, rows), cells already formatted
     note: str = ""  # caveats: what the tiny scale cannot test and what stands in for it
+    regime: str = ""  # the training regime the verdict comes from, e.g. "2.5-20 tokens per non-embedding parameter"
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,11 @@ class Claim:
     statement: str  # the seed's claim in our words
     studies: tuple[str, ...]  # config stems under configs/claims/
     judge: Callable[[Mapping[str, Path]], Finding] = field(repr=False)  # {study stem: study folder} -> Finding
+    seed_regime: str = ""  # the regime of the seed's own runs, beside the finding's
 
 
-def from_parts(measured: str, parts: Parts, figure: bytes, caption: str, note: str = "") -> Finding:
+def from_parts(measured: str, parts: Parts, figure: bytes, caption: str, note: str = "", regime: str = "") -> Finding:
     """A finding whose verdict needs every part of the claim to hold, with the parts as its table."""
     table = (["part of the claim", "verdict", "decided by"], [[name, v.outcome, v.reason] for name, v in parts])
     return Finding(measured=measured, verdict=all_hold([v for _, v in parts]), figure=figure, figure_caption=caption,
-                   table=table, note=note)
+                   table=table, note=note, regime=regime)

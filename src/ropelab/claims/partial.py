@@ -1,7 +1,10 @@
-"""The partial-RoPE seed's claims (000: RQ1-RQ6 and the NoPE spikes), each judged on tiny studies
-shipped under ``configs/claims/partial-*.yaml``.
+"""The partial-RoPE seed's claims (000: RQ1-RQ6 and the NoPE spikes), each judged on studies shipped
+under ``configs/claims/partial-*.yaml``.
 
-"Fraction" here is the nominal one of the variant's name (rope10 = 10 %); with head_dim 64 the
+RQ1-RQ5 are judged on loss frontiers (`ropelab.study.frontier`): each variant's final validation loss
+at token budgets up to 20 tokens per non-embedding parameter, two seeds, with the frontier rule of
+`ropelab.claims.verdict` (the gap at the largest budget against the seed noise, and its trend with
+tokens). "Fraction" is the nominal one of the variant's name (rope10 = 10 %); with head_dim 64 the
 rotated dims are 2 * floor(f * 32): 0, 2, 6, 16 and 64 for NoPE, 2ch, 10 %, 25 % and 100 %.
 """
 
@@ -13,91 +16,110 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ropelab.claims.claim import Claim, Finding, Parts, from_parts
+from ropelab.claims.frontiers import (
+    band_parts, final_losses, frontier_text, plot_frontiers, regime, runs_regime, size_frontiers, still_falling_note,
+)
+from ropelab.claims.groups import finish_axes, mean_text, pick, schedule, seed_groups, study_rows, variant_of
 from ropelab.claims.paths import EVAL_TASKS, REPO_ROOT
-from ropelab.claims.groups import finish_axes, mean_text, pick, plot_val_curves, schedule, seed_groups, study_rows, variant_of
 from ropelab.claims.verdict import higher, lower, matches, present, rises_sharply
 from ropelab.evaluate.lm_eval import evaluate_lm
+from ropelab.study.frontier import read_frontier_record
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.summary import collect_runs
 
 SEED = "partial-rope (000)"
+# The seed's runs: 1B models on 100B tokens (about 100 per non-embedding parameter), 8B on 100B (12.5)
+SEED_REGIME = "12.5 (8B) to about 100 (1B) tokens per non-embedding parameter, 100B tokens"
 RQ6_TASKS = ("lambada_stdlib", "nextline_stdlib", "python_mc")  # local tasks under configs/eval
-RQ3_VARIANTS = ("nope", "rope10", "rope100")
+FRACTIONS = ("nope", "2ch", "rope10", "rope25", "rope100")
+RQ1_BANDS = (("nope", "2ch"), ("rope10", "rope25", "rope100"))
+THREE = ("nope", "rope10", "rope100")
 NOMINAL_FRACTION = {"nope": 0.0, "2ch": 2 / 64, "rope10": 0.1, "rope25": 0.25, "rope100": 1.0}
+SCALING = "partial-scaling"
+FRONTIER_RULE_NOTE = ("Each verdict compares frontiers: the gap between two variants' final losses at the largest budget "
+                      "against k x the seed noise there, and the gap's slope per doubling of tokens (see the rule).")
 
 
-def _band_parts(groups: Mapping[str, Sequence[float]], bands: Sequence[Sequence[str]], where: str = "") -> Parts:
-    """The seed's bands, highest loss first: each band above every later one, and the groups of the
-    last (lowest) band level with each other."""
-    suffix = f" ({where})" if where else ""
-    parts = []
-    for index, band in enumerate(bands[:-1]):
-        below = [name for later in bands[index + 1:] for name in later]
-        parts.append((f"{' and '.join(band)} above {', '.join(below)}{suffix}", higher(pick(groups, *band), pick(groups, *below))))
-    return parts + [(f"{', '.join(bands[-1])} match{suffix}", matches(pick(groups, *bands[-1])))]
-
-
-def _judge_bands(stem: str, bands: Sequence[Sequence[str]], what: str, note: str = ""):
+def _frontier_bands(stem: str, bands: Sequence[Sequence[str]], what: str, note: str = ""):
+    """A judge: the seed's bands on every model size of the study's frontiers."""
     def judge(studies: Mapping[str, Path]) -> Finding:
-        groups = seed_groups(study_rows(studies[stem]), variants=[name for band in bands for name in band])
-        measured = f"{what}, {schedule(studies[stem])}. Final validation loss (nats/byte), mean (seeds): {mean_text(groups)}."
-        return from_parts(measured, _band_parts(groups, bands), plot_val_curves({stem: studies[stem]}),
-                        f"Validation loss of every run of {stem}; one colour per variant, one line per seed.", note)
+        by_size = size_frontiers(studies[stem], [name for band in bands for name in band])
+        parts: Parts = [part for params, frontiers in by_size.items()
+                        for part in band_parts(frontiers, bands, f"{params:,} parameters", "rope100")]
+        measured = f"{what}. Final validation loss, smallest -> largest budget, mean over seeds: {frontier_text(by_size)}."
+        return from_parts(measured, parts, plot_frontiers(by_size, "rope100"),
+                          "Final loss against tokens per model size (points: seeds; lines: L(D) = E + B D^-beta fitted), "
+                          "and each variant's gap to full RoPE against tokens.", " ".join([FRONTIER_RULE_NOTE, note]).strip(),
+                          regime(studies[stem]))
     return judge
 
 
+def _gap_at_final(frontiers, a: str, b: str, absolute: bool = False) -> list[float]:
+    final = final_losses(frontiers)
+    return [abs(x - y) if absolute else x - y for x, y in zip(final[a], final[b])]
+
+
 def _judge_rq3(studies: Mapping[str, Path]) -> Finding:
-    by_length = {128: {}, 256: {}, 512: {}}
-    lengths_rows = study_rows(studies["partial-lengths"])
+    lengths = {}
     for length in (128, 512):
-        groups = seed_groups(lengths_rows, variants=[f"{v}-len{length}" for v in RQ3_VARIANTS])
-        by_length[length] = {name.removesuffix(f"-len{length}"): values for name, values in groups.items()}
-    by_length[256] = seed_groups(study_rows(studies["partial-stdlib"]), variants=list(RQ3_VARIANTS))
-    parts: Parts = []
-    for length, groups in by_length.items():
-        parts += _band_parts(groups, [["nope"], ["rope10", "rope100"]], f"{length} tokens")
-    drift = {length: [r10 - r100 for r10, r100 in zip(g["rope10"], g["rope100"])] for length, g in by_length.items()}
-    parts.append(("10 % drifts up from full RoPE as the length grows (gap at 512 above gap at 128)",
+        (frontiers,) = size_frontiers(studies["partial-lengths"],
+                                      [f"{v}-len{length}" for v in THREE]).values()
+        lengths[length] = {name.removesuffix(f"-len{length}"): f for name, f in frontiers.items()}
+    by_size = size_frontiers(studies[SCALING], list(THREE))
+    same_size = next(params for params in by_size if params == _params_of(studies["partial-lengths"]))
+    lengths[256] = by_size[same_size]
+    lengths = dict(sorted(lengths.items()))
+    parts: Parts = [part for length, frontiers in lengths.items()
+                    for part in band_parts(frontiers, [["nope"], ["rope10", "rope100"]], f"{length} tokens", "rope100")]
+    drift = {length: _gap_at_final(frontiers, "rope10", "rope100") for length, frontiers in lengths.items()}
+    parts.append(("10 % drifts up from full RoPE as the length grows (gap at the largest budget, 512 against 128)",
                   higher({"10 % gap at 512": drift[512]}, {"10 % gap at 128": drift[128]})))
-    measured = ("tiny-llama on byte-level stdlib at 128, 256 and 512 bytes per window ("
-                + "; ".join(schedule(studies["partial-lengths"], f"rope10-len{n}-seed0") if n != 256 else schedule(studies["partial-stdlib"])
-                            for n in (128, 256, 512))
-                + "). Final validation loss: "
-                + " | ".join(f"{length}: {mean_text(g)}" for length, g in by_length.items())
-                + ". Gap of 10 % above full RoPE per seed: "
+    measured = ("The 2-layer model of partial-scaling (d_model 64, one head of 64) at 128, 256 and 512 bytes per window, "
+                "equal tokens per step. Final validation loss, smallest -> largest budget: "
+                + " | ".join(f"{length} tokens: {frontier_text({same_size: f})}" for length, f in lengths.items())
+                + ". Gap of 10 % above full RoPE at the largest budget per seed: "
                 + "; ".join(f"{length}: {', '.join(f'{d:+.4f}' for d in ds)}" for length, ds in drift.items()) + ".")
-    figure = plot_val_curves({"128 tokens": studies["partial-lengths"], "256 tokens": studies["partial-stdlib"],
-                              "512 tokens": studies["partial-lengths"]},
-                             {"128 tokens": [f"{v}-len128" for v in RQ3_VARIANTS], "256 tokens": list(RQ3_VARIANTS),
-                              "512 tokens": [f"{v}-len512" for v in RQ3_VARIANTS]})
-    return from_parts(measured, parts, figure, "Validation loss at each training length (the 256-token panel is partial-stdlib).",
-                    "The seed's lengths are 2,048-8,192 tokens; here 128-512, so 'the longest' is 4x the shortest. Full "
-                    "RoPE stands for the seed's >= 25 % band (25 % is left out to fit the hour).")
+    figure = plot_frontiers({length: f for length, f in lengths.items()}, "rope100")
+    return from_parts(measured, parts, figure, "Final loss against tokens at each training length (panel titles give the "
+                      "length in place of a size), and the gaps to full RoPE.",
+                      FRONTIER_RULE_NOTE + " The seed's lengths are 1,024-8,192 tokens; here 128-512. Full RoPE stands for "
+                      "the seed's >= 25 % band.", regime(studies["partial-lengths"]))
+
+
+def _params_of(study_dir: Path) -> int:
+    return next(iter(read_frontier_record(study_dir).values())).params
 
 
 def _judge_rq5(studies: Mapping[str, Path]) -> Finding:
-    names = ["nope", "rope10", "rope100"]
-    large = seed_groups(study_rows(studies["partial-larger"]), variants=names)
-    small = seed_groups(study_rows(studies["partial-stdlib"]), variants=names)
-    spread = {label: [abs(a - b) for a, b in zip(g["rope10"], g["rope100"])] for label, g in (("larger", large), ("tiny-llama", small))}
-    parts = _band_parts(large, [["nope"], ["rope10", "rope100"]], "larger model")
-    parts.append(("the RoPE variants more spread in the larger model (|10 % - 100 %| per seed)",
-                  higher({"larger |10 % - 100 %|": spread["larger"]}, {"tiny-llama |10 % - 100 %|": spread["tiny-llama"]})))
-    measured = (f"tiny-llama widened to d_model 256 (4 query, 2 KV heads of 64, d_ff 768: about 4x the parameters), "
-                f"byte-level stdlib, {schedule(studies['partial-larger'])}. Final validation loss: larger {mean_text(large)} | "
-                f"tiny-llama {mean_text(small)}. |10 % - 100 %| per seed: larger "
-                f"{', '.join(f'{v:.4f}' for v in spread['larger'])}, tiny-llama {', '.join(f'{v:.4f}' for v in spread['tiny-llama'])}.")
-    figure = plot_val_curves({"larger (d_model 256)": studies["partial-larger"], "tiny-llama (d_model 128)": studies["partial-stdlib"]},
-                             {"tiny-llama (d_model 128)": names})
-    return from_parts(measured, parts, figure, "Validation loss of the larger model beside tiny-llama's.",
-                    "The seed scales 1B to 8B parameters on 100B tokens; here 0.8M to 3.2M on 0.4M tokens per run.")
+    by_size = size_frontiers(studies[SCALING], list(THREE))
+    small, large = min(by_size), max(by_size)
+    spread = {params: _gap_at_final(by_size[params], "rope10", "rope100", absolute=True) for params in (small, large)}
+    parts = band_parts(by_size[large], [["nope"], ["rope10", "rope100"]], f"{large:,} parameters", "rope100")
+    parts.append((f"the RoPE variants more spread at {large:,} than at {small:,} parameters (|10 % - 100 %| at the "
+                  "largest budget, per seed)",
+                  higher({f"|10 % - 100 %| at {large:,}": spread[large]}, {f"|10 % - 100 %| at {small:,}": spread[small]})))
+    measured = (f"The three sizes of partial-scaling (1-3 layers of d_model 64). Final loss, smallest -> largest budget: "
+                f"{frontier_text(by_size)}. |10 % - 100 %| per seed at the largest budget: "
+                + "; ".join(f"{params:,}: {', '.join(f'{v:.4f}' for v in values)}" for params, values in spread.items()) + ".")
+    return from_parts(measured, parts, plot_frontiers(by_size, "rope100"),
+                      "Final loss against tokens per model size, and the gaps to full RoPE.",
+                      FRONTIER_RULE_NOTE + " The seed scales 1B to 8B parameters; here 53k to 160k.", regime(studies[SCALING]))
+
+
+def _final_runs(study_dir: Path) -> list[str]:
+    """The cooldown runs of the largest size at the largest budget: the models RQ6 evaluates."""
+    record = {run_id: run for run_id, run in read_frontier_record(study_dir).items() if run.role == "cooldown"}
+    largest = max(run.params for run in record.values())
+    budget = max(run.budget for run in record.values() if run.params == largest)
+    return sorted(str(study_dir / "runs" / run_id) for run_id, run in record.items()
+                  if run.params == largest and run.budget == budget and (study_dir / "runs" / run_id / "result.json").is_file())
 
 
 def lm_eval_results(study_dir: Path) -> dict:
-    """`RQ6_TASKS` on every finished run of the study, run once and kept in
-    ``<study>/claims/lm_eval/results.json``."""
+    """`RQ6_TASKS` on the largest model at the largest budget (every fraction and seed), run once and
+    kept in ``<study>/claims/lm_eval/results.json``."""
     folder = study_dir / "claims" / "lm_eval"
-    runs = sorted(str(r.path) for r in collect_runs(study_dir) if r.status == "done")
+    runs = _final_runs(study_dir)
     cached = folder / "results.json"
     if cached.is_file():
         results = json.loads(cached.read_text())
@@ -111,7 +133,7 @@ def lm_eval_results(study_dir: Path) -> dict:
 def _by_fraction(results: dict, task: str, metric: str) -> dict[float, list[float]]:
     out: dict[float, list[float]] = {}
     for entry in results["runs"]:
-        variant = Path(entry["run"]).name.rsplit("-seed", 1)[0]
+        variant = Path(entry["run"]).name.split("-")[0]
         value = entry["metrics"].get(task, {}).get(metric, [None])[0]
         out.setdefault(NOMINAL_FRACTION[variant], []).append(float("nan") if value is None else value)
     return dict(sorted(out.items()))
@@ -129,7 +151,7 @@ def _plot_rq6(panels: Mapping[str, Mapping[float, list[float]]]) -> bytes:
 
 
 def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
-    results = lm_eval_results(studies["partial-stdlib"])
+    results = lm_eval_results(studies[SCALING])
     ppl = _by_fraction(results, "lambada_stdlib", "perplexity")
     nextline = _by_fraction(results, "nextline_stdlib", "acc_norm")
     quiz = _by_fraction(results, "python_mc", "acc_norm")
@@ -137,7 +159,8 @@ def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
     parts = [("lambada_stdlib perplexity drops sharply from < 10 % to >= 10 %", rises_sharply(ppl, 0.1, higher_is_better=False)),
              ("nextline_stdlib accuracy flat across fractions", matches({label[f]: v for f, v in nextline.items()})),
              ("python_mc accuracy flat across fractions", matches({label[f]: v for f, v in quiz.items()}))]
-    measured = (f"lm-evaluation-harness, zero-shot, on the {len(results['runs'])} runs of partial-stdlib. lambada_stdlib (300 items: the last "
+    measured = (f"lm-evaluation-harness, zero-shot, on the {len(results['runs'])} runs of partial-scaling's largest model at its "
+                "largest budget (every fraction, both seeds). lambada_stdlib (300 items: the last "
                 "identifier of a stdlib validation passage that only its context gives away) perplexity: "
                 f"{mean_text({label[f]: v for f, v in ppl.items()}, '.3g')}. nextline_stdlib (300 items: the next line of a "
                 "validation passage among 4, acc_norm; chance 0.25): "
@@ -146,7 +169,8 @@ def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
     figure = _plot_rq6({"lambada_stdlib perplexity": ppl, "nextline_stdlib acc_norm": nextline, "python_mc acc_norm": quiz})
     return from_parts(measured, parts, figure, "The three tasks against the rotated fraction, per seed.",
                       "LAMBADA accuracy is 0 for every tiny model (they predict no whole identifier), so the verdict reads "
-                      "perplexity, as the seed's Fig. 5 does. python_mc has 8 items: a flat accuracy there is weak evidence.")
+                      "perplexity, as the seed's Fig. 5 does. python_mc has 8 items: a flat accuracy there is weak evidence.",
+                      regime(studies[SCALING], largest_only=True))
 
 
 def _plot_spikes(study_dir: Path, rows: list[dict]) -> bytes:
@@ -178,42 +202,46 @@ def _judge_spikes(studies: Mapping[str, Path]) -> Finding:
     return from_parts(measured, parts, _plot_spikes(study_dir, rows), "Training loss; triangles mark the detected spikes.",
                     "The seed's spikes come after tens of billions of tokens; at 0.4M tokens a raised learning rate "
                     "stands in for that budget, as in the seed's Fig. 6(b). The detector needs 10 points of history, so "
-                    "a blow-up in the first steps shows in the highest loss and the figure, not in the count.")
+                    "a blow-up in the first steps shows in the highest loss and the figure, not in the count. "
+                    + still_falling_note(study_dir), runs_regime(study_dir))
 
 
 PARTIAL_CLAIMS: list[Claim] = [
     Claim("rq1", SEED, "Sec. 4, RQ1",
           "Models with NoPE or RoPE on two channels converge to a higher final loss; 10 % of the channels rotated "
           "and more match full RoPE.",
-          ("partial-stdlib",),
-          _judge_bands("partial-stdlib", [["nope", "2ch"], ["rope10", "rope100"]],
-                       "tiny-llama (4 layers, d_model 128, head_dim 64) on byte-level stdlib source")),
+          (SCALING,),
+          _frontier_bands(SCALING, RQ1_BANDS, "1, 2 and 3 layers of d_model 64 (one head of 64) on byte-level stdlib source, "
+                          "256 bytes per window"),
+          SEED_REGIME),
     Claim("rq2", SEED, "Sec. 4, RQ2",
           "The same two bands form on a second pretraining corpus of a different kind.",
           ("partial-prose",),
-          _judge_bands("partial-prose", [["nope"], ["rope10", "rope100"]],
-                       "tiny-llama on stdlib-prose (the standard library's docstrings and comments: English prose, as "
-                       "bytes; 537 documents, 2.86M bytes)")),
+          _frontier_bands("partial-prose", [["nope"], ["rope10", "rope100"]],
+                          "the 2-layer model of partial-scaling on stdlib-prose (the standard library's docstrings and "
+                          "comments: English prose, as bytes; 537 documents, 2.86M bytes)"),
+          SEED_REGIME),
     Claim("rq3", SEED, "Sec. 4, RQ3",
           "The bands hold at several training lengths, and the 10 % run drifts slightly above the >= 25 % band as the "
           "length grows.",
-          ("partial-lengths", "partial-stdlib"), _judge_rq3),
+          ("partial-lengths", SCALING), _judge_rq3, SEED_REGIME),
     Claim("rq4", SEED, "Sec. 4, RQ4",
           "Parallel (Pythia) blocks give the same bands once NoPE is set aside, and NoPE fails to converge there.",
           ("partial-pythia",),
-          _judge_bands("partial-pythia", [["nope"], ["2ch"], ["rope10", "rope100"]],
-                       "parallel blocks (tiny-pythia sized like tiny-llama: d_model 128, 2 heads of 64, LayerNorm, GELU), "
-                       "byte-level stdlib",
-                       "At tiny scale no run diverges; 'fails to converge' is read as NoPE ending above every RoPE "
-                       "variant, 2ch included, by more than the noise (first row); the next rows are the seed's two "
-                       "bands without NoPE.")),
+          _frontier_bands("partial-pythia", [["nope"], ["2ch"], ["rope10", "rope100"]],
+                          "parallel blocks (Pythia-style: LayerNorm, GELU, attention and MLP side by side) of 2 layers, "
+                          "d_model 64, one head of 64, byte-level stdlib",
+                          "At tiny scale no run diverges; 'fails to converge' is read as NoPE ending above every RoPE "
+                          "variant, 2ch included, by more than the noise (first row); the next rows are the seed's two "
+                          "bands without NoPE."),
+          SEED_REGIME),
     Claim("rq5", SEED, "Sec. 4, RQ5",
           "A larger model gives the same bands, its RoPE variants slightly more spread.",
-          ("partial-larger", "partial-stdlib"), _judge_rq5),
+          (SCALING,), _judge_rq5, SEED_REGIME),
     Claim("rq6", SEED, "Sec. 4, RQ6",
           "LAMBADA perplexity drops sharply from < 10 % to >= 10 % rotated, while multiple-choice accuracy stays flat.",
-          ("partial-stdlib",), _judge_rq6),
+          (SCALING,), _judge_rq6, SEED_REGIME),
     Claim("spikes", SEED, "Sec. 4, Analyzing loss spikes with NoPE",
           "NoPE shows loss spikes (at long lengths, or with a raised learning rate), and QK-Norm removes them.",
-          ("partial-spikes",), _judge_spikes),
+          ("partial-spikes",), _judge_spikes, "tens of billions of tokens before the spikes (1B parallel blocks)"),
 ]

@@ -30,7 +30,7 @@ Entries = list[tuple[Claim, Finding]]
 TITLE = "The seeds' claims, tested at tiny scale"
 FIGURES = "claims_files"
 VERDICT_CLASS = {HOLDS: "holds", DOES_NOT_HOLD: "fails", INCONCLUSIVE: "open"}
-VERDICT_HEADER = ["claim", "seed", "section", "statement", "verdict", "decided by"]
+VERDICT_HEADER = ["claim", "seed", "section", "statement", "regime (here / the seed's)", "verdict", "decided by"]
 STUDY_COLUMNS = ["name", "runs", "tokens", "seconds", "status"]
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 SHORT = 140  # characters of a statement in the verdict table
@@ -56,6 +56,10 @@ def _short(text: str, limit: int = SHORT) -> str:
 def _deciding(finding: Finding) -> str:
     """The figures that decided the verdict (its reason), shortened for the verdict table."""
     return _short(finding.verdict.reason, 2 * SHORT)
+
+
+def regime_text(claim: Claim, finding: Finding) -> str:
+    return f"{finding.regime or 'not stated'} / {claim.seed_regime or 'not stated'}"
 
 
 def _tally(entries: Entries) -> str:
@@ -108,7 +112,8 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 def _md_claim(claim: Claim, finding: Finding) -> list[str]:
     verdict = finding.verdict
     lines = [f'<a id="{anchor(claim)}"></a>', "", f"## {claim.id}: {' '.join(claim.statement.split())}", "",
-             f"- seed: {claim.seed}", f"- section: {claim.section}", f"- studies: {', '.join(claim.studies)}", "",
+             f"- seed: {claim.seed}", f"- section: {claim.section}", f"- studies: {', '.join(claim.studies)}",
+             f"- regime (here / the seed's): {regime_text(claim, finding)}", "",
              "**Measured.** " + finding.measured.strip(), "",
              f"**Verdict: {verdict.outcome}.** {verdict.reason}", ""]
     if finding.figure is not None:
@@ -124,7 +129,7 @@ def _md_claim(claim: Claim, finding: Finding) -> list[str]:
 
 def render_markdown(entries: Entries, meta: dict) -> str:
     verdicts = [[f"[{claim.id}](#{anchor(claim)})", claim.seed, claim.section, _short(claim.statement),
-                 f"**{finding.verdict.outcome}**", _deciding(finding)] for claim, finding in entries]
+                 regime_text(claim, finding), f"**{finding.verdict.outcome}**", _deciding(finding)] for claim, finding in entries]
     lines = [f"# {TITLE}", "", '<a id="verdicts"></a>', "", _md_table(VERDICT_HEADER, verdicts), "", _tally(entries), "",
              "## How a verdict is decided", "", rule_text(), "", "## The run", ""]
     if "machine" in meta:
@@ -172,7 +177,7 @@ def _verdict_table(entries: Entries) -> str:
     rows = []
     for claim, finding in entries:
         cells = [f'<a href="#{anchor(claim)}">{html.escape(claim.id)}</a>', html.escape(claim.seed),
-                 html.escape(claim.section), html.escape(_short(claim.statement)),
+                 html.escape(claim.section), html.escape(_short(claim.statement)), html.escape(regime_text(claim, finding)),
                  _verdict_span(finding.verdict.outcome), html.escape(_deciding(finding))]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in VERDICT_HEADER)
@@ -199,7 +204,8 @@ def _html_claim(claim: Claim, finding: Finding) -> str:
     verdict = finding.verdict
     parts = [f'<section id="{anchor(claim)}"><h2>{html.escape(claim.id)}: {html.escape(claim.statement)}</h2>',
              f"<p>{html.escape(claim.seed)}, {html.escape(claim.section)}; studies: "
-             f"{', '.join(f'<code>{html.escape(s)}</code>' for s in claim.studies)}</p>",
+             f"{', '.join(f'<code>{html.escape(s)}</code>' for s in claim.studies)}; regime (here / the seed's): "
+             f"{html.escape(regime_text(claim, finding))}</p>",
              f'<h3>Measured</h3><p class="text">{html.escape(finding.measured.strip())}</p>',
              f'<h3>Verdict: {_verdict_span(verdict.outcome)}</h3><p class="text">{html.escape(verdict.reason)}</p>']
     if finding.figure is not None:

@@ -8,6 +8,7 @@ invocations, for the report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
@@ -85,7 +86,7 @@ def _judge(claim: Claim, folders: dict[str, Path], statuses: dict[str, dict]) ->
         return Finding(measured=f"not judged: {exc}", verdict=Verdict(INCONCLUSIVE, f"the judge could not read the studies: {exc}"))
     if failed:
         note = f"runs that did not finish: {', '.join(failed)}. " + finding.note
-        return Finding(finding.measured, finding.verdict, finding.figure, finding.figure_caption, finding.table, note)
+        return dataclasses.replace(finding, note=note)
     return finding
 
 

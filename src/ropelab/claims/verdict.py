@@ -1,5 +1,6 @@
 """Verdicts on the seeds' claims: `holds`, `does not hold` or `inconclusive`, from measurements with
-seed replicas, by one rule: `RULE` below, which `rule_text` renders for the report.
+seed replicas, by one rule: `RULE` below, with `FRONTIER_RULE` for loss frontiers (judged in
+`frontier_verdict`), which `rule_text` renders for the report.
 
 Each function takes a group as a sequence of per-seed values and a band as {name: group}, and
 returns a `Verdict` whose reason gives the numbers that decided it. The rule is invariant under
@@ -22,6 +23,9 @@ HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 K = 2.0
 MIN_SEEDS = 2
 FLOOR = 1e-6
+SLOPE_CONFIDENCE = 0.95  # the frontier gap's slope interval: a bootstrap over seeds and budgets
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
 
 RULE = f"""
 A group is one configuration measured once per seed (e.g. the final validation loss of the 25%
@@ -45,6 +49,30 @@ on both sides of the floor are inconclusive. Claims taken together hold when eac
 hold when any does not hold, and are inconclusive otherwise.
 """
 
+FRONTIER_RULE = f"""
+A frontier is one configuration's final validation loss at several token budgets, one value per
+seed at each budget; the frontiers compared share their budgets and seeds. The gap between two
+frontiers is, per seed and budget, the first loss minus the second. At the largest budget the gap
+counts when the difference of the two groups' means exceeds k times the noise, the spread of those
+two groups. The trend of the gap is its least-squares slope against log2 of the budget (per
+doubling of tokens) over every seed and budget, with a {SLOPE_CONFIDENCE:.0%} bootstrap interval
+({RESAMPLES} resamples of the seeds and of the budgets, with replacement, from a fixed generator seed;
+a resample with a single budget is left out). The gap grows when the whole interval lies on the side
+that moves it away from zero and shrinks when the whole interval lies on the side that moves it
+toward zero; the side is that of the gap at the largest budget when that gap counts, and otherwise
+that of the mean gap over every seed and budget, so that a gap that has closed into the noise does
+not grow (from a zero gap, either side is away). A frontier with fewer
+than {MIN_SEEDS} seeds at a budget or a value that is not finite is inconclusive. "A matches B" on
+frontiers holds when the gap at the largest budget does not count and does not grow, does not hold
+when it counts and does not shrink, and is inconclusive otherwise. "A is higher than B" on
+frontiers holds when A is higher at the largest budget by a gap that counts and does not shrink,
+does not hold when B is higher there by a gap that counts and does not shrink, and is inconclusive
+otherwise; with bands, every frontier of A is judged against every frontier of B and the verdicts
+are taken together. An inconclusive verdict names the budget at which the gap, continued from the
+mean gap at the largest budget at the fitted slope, would fall within k times the noise, or says
+that it would not.
+"""
+
 Group = Sequence[float]
 Band = Mapping[str, Group]
 
@@ -56,8 +84,8 @@ class Verdict:
 
 
 def rule_text() -> str:
-    """The rule, as the report states it: `RULE` on one line."""
-    return " ".join(RULE.split())
+    """The rule, as the report states it: `RULE` and `FRONTIER_RULE` on one line."""
+    return " ".join((RULE + FRONTIER_RULE).split())
 
 
 def _number(x: float) -> str:

@@ -82,6 +82,9 @@ def parse_frontier(data) -> FrontierConfig:
     return from_dict(FrontierConfig, data, "frontier").validate()
 
 
+_PARAMS: dict[str, int] = {}  # non-embedding parameters per model shape: a study asks for the same few shapes often
+
+
 def non_embedding_params(model: ModelConfig) -> int:
     """Parameters of the model without its token embedding and head (the N of scaling laws)."""
     import torch
@@ -89,9 +92,12 @@ def non_embedding_params(model: ModelConfig) -> int:
     from ropelab.model import Transformer
     from ropelab.sources.plans import shape_config
 
-    with torch.device("meta"):
-        shaped = Transformer(dataclasses.replace(shape_config(model), vocab_size=model.vocab_size or 4096))
-    return shaped.num_params(non_embedding=True)
+    shape = dataclasses.replace(shape_config(model), vocab_size=model.vocab_size or 4096)
+    key = repr(shape)
+    if key not in _PARAMS:
+        with torch.device("meta"):
+            _PARAMS[key] = Transformer(shape).num_params(non_embedding=True)
+    return _PARAMS[key]
 
 
 def budget_label(budget: float, unit: str) -> str:
@@ -150,10 +156,11 @@ def frontier_runs(run_id: str, variant: str, tree: dict, config: RunConfig,
 
 
 def read_frontier_record(study_dir: Path) -> dict[str, FrontierRun]:
-    """{run id: FrontierRun} from the study's study.yaml ({} for a study without a frontier)."""
+    """{run id: FrontierRun} from the study's study.yaml ({} for a study without a frontier, or a folder
+    without study.yaml)."""
     path = Path(study_dir) / "study.yaml"
     if not path.is_file():
-        raise ConfigError(f"{study_dir}: no study.yaml; not a study folder")
+        return {}
     try:
         record = yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
