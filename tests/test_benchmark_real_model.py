@@ -14,6 +14,12 @@ import torch
 
 ROWS = ("forward2k", "forward8k", "train", "train-mlp", "train-full")  # train-*: ropelab with activation checkpointing
 LIBRARIES = ("ropelab", "hf")
+# The first training loss of each library, relative difference allowed. fp32: rounding of the same sums in
+# another order. bf16 keeps 8 significant bits, so every activation and logit is off by up to a step of
+# 2^-8 (~3.9e-3) relative, and the libraries round at different places (fused norm and projections, chunked
+# cross-entropy): a mean over the batch's tokens moves by a few such steps, 1e-2. Seen on an AVX512-bf16 CPU:
+# 5.34532 against 5.34196, 6.3e-4.
+FIRST_LOSS_REL = {"fp32": 1e-4, "bf16": 1e-2}
 
 pytest.importorskip("transformers")
 
@@ -69,8 +75,10 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
 def test_quick_run_compares_the_same_model(quick_record):
     # same weights: the same logits, and the same first training loss on the same targets
     assert quick_record["check_logits_max_abs_diff"] < 1e-4
-    for pair in quick_record["first_losses"].values():
-        assert pair["ropelab"] == pytest.approx(pair["hf"], rel=1e-4)
+    assert quick_record["first_losses"]
+    for key, pair in quick_record["first_losses"].items():
+        precision = key.split("/")[0]
+        assert pair["ropelab"] == pytest.approx(pair["hf"], rel=FIRST_LOSS_REL[precision]), key
 
 
 def test_quick_run_reports_the_cpu_and_bf16(quick_record):

@@ -101,7 +101,9 @@ def test_training_step_matches_native_bf16():
         model.zero_grad()
     _, fp32_loss = model(ids, ids)
     (native, native_grads), (emulated, emulated_grads) = results["native"], results["fp32"]
-    assert emulated == pytest.approx(native, abs=5e-3)
+    # a mean over 128 tokens of losses from bf16 logits (8 significant bits: steps of 2^-8 relative) that
+    # two kernels round apart: a few such steps, 1e-2 relative
+    assert emulated == pytest.approx(native, rel=1e-2)
     assert emulated != fp32_loss.item()  # bf16 arithmetic, not fp32's
     for a, b in zip(emulated_grads, native_grads):
         assert (a - b).norm() <= 0.05 * b.norm() + 1e-6

@@ -1,6 +1,7 @@
 """lm-evaluation-harness on ropelab runs: local tasks end to end, the same numbers (to 1e-4) through
-`evaluate_lm`, the harness's CLI with `--model ropelab`, and `--model hf` on the exported folder;
-the paper suite offline fails fast with one line naming a dataset."""
+`evaluate_lm`, the harness's CLI with `--model ropelab`, and `--model hf` on the exported folder with
+no model_args but dtype (item by item, for a BPE and a byte-level run); the paper suite offline fails
+fast with one line naming a dataset."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ LAMBADA = [
     {"context": "for i in range(10):\n    print(", "word": "i"},
     {"context": "import os\nprint(os.path.join('a', 'b'))\nimport", "word": " sys"},
     {"context": "def f(self):\n    return", "word": " self"},
+    {"context": "for i in range(10)", "word": ":\n    print(i)\n"},  # longer than max_length (32) as bytes
+    {"context": "def f(self):\n    return ", "word": "self"},  # trailing whitespace: moved to the continuation
+    {"context": "x = 1\n\n", "word": "y = 2"},
+    {"context": "", "word": "import os"},  # the prefix token stands for the context
 ]
 GEN = [{"question": "def add(a, b):\n", "answer": "    return a + b"}, {"question": "import", "answer": " os"}]
 
@@ -77,6 +82,44 @@ def _assert_same(ours: dict, theirs: dict, what: str) -> None:
         assert abs(ours[key] - theirs[key]) <= TOL * max(1.0, abs(ours[key])), f"{what}: {key} {ours[key]} vs {theirs[key]}"
 
 
+def _item_answers(result: dict) -> dict:
+    """{(task, doc_id, request): the model's answer as a list}: log-likelihood and greedy flag, a
+    rolling log-likelihood, or a generated text."""
+    return {
+        (task, sample["doc_id"], i): list(answer) if isinstance(answer, tuple) else [answer]
+        for task, samples in result["samples"].items() for sample in samples
+        for i, (answer,) in enumerate(sample["resps"])
+    }
+
+
+def _assert_same_items(ours: dict, theirs: dict, what: str) -> None:
+    ours, theirs = _item_answers(ours), _item_answers(theirs)
+    assert set(ours) == set(theirs), what
+    for key, answer in ours.items():
+        for a, b in zip(answer, theirs[key], strict=True):
+            same = abs(a - b) <= TOL * max(1.0, abs(a)) if isinstance(a, float) else a == b
+            assert same, f"{what}: {key} {answer} vs {theirs[key]}"
+
+
+def _export_and_compare(run, tasks_dir, tmp_path) -> dict:
+    """`--model hf` on `run`'s export (dtype its only model_arg) against `--model ropelab` on `run`, every
+    item of TASKS; returns the hf result."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from ropelab.export.hf import export_hf
+
+    export_hf(run, tmp_path / "hf")
+    manager = TaskManager(include_path=str(tasks_dir), include_defaults=False)
+    common = {"tasks": TASKS, "task_manager": manager, "bootstrap_iters": 0, "log_samples": True}
+    ours = simple_evaluate(model="ropelab", model_args=f"pretrained={run}", **common)
+    hf = simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32", batch_size=4,
+                         device="cpu", **common)
+    _assert_same_items(ours, hf, "--model hf")
+    _assert_same(_numbers(ours["results"]), _numbers(hf["results"]), "--model hf")
+    return hf
+
+
 def test_local_tasks_same_numbers_three_routes(run, tasks_dir, hf_env, tmp_path):
     # lm-eval's own CLI with --model ropelab (the registering wrapper), in a fresh process that runs
     # while the in-process routes below do (it spends ~10 s indexing the harness's built-in tasks)
@@ -103,12 +146,6 @@ def test_local_tasks_same_numbers_three_routes(run, tasks_dir, hf_env, tmp_path)
 
 
 def _in_process_routes(run, tasks_dir, tmp_path):
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
-    from ropelab.data.tokenizer import load_tokenizer
-    from ropelab.export.hf import export_hf
-
     # ropelab's own entry point: reports for one run
     out = tmp_path / "eval"
     results = evaluate_lm([run], TASKS, out, include_path=tasks_dir, bootstrap_iters=0)
@@ -123,23 +160,21 @@ def _in_process_routes(run, tasks_dir, tmp_path):
     assert table[0] == "| task | metric | run |" and any(row.startswith("| lambada_local | perplexity") for row in table)
     ours = _numbers(entry["lm_eval"])
 
-    # --model hf on the exported folder (same max_length and prefix token as ropelab's defaults)
+    # --model hf on the exported folder, item by item, the generations token for token
     if importlib.util.find_spec("accelerate") is None:
         return False
-    export_hf(run, tmp_path / "hf")
-    eos = load_tokenizer("bpe:300").eos_id
-    manager = TaskManager(include_path=str(tasks_dir), include_defaults=False)
-    hf = simple_evaluate(
-        model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32,max_length=32,prefix_token_id={eos}",
-        tasks=TASKS, task_manager=manager, batch_size=4, device="cpu", bootstrap_iters=0, log_samples=True,
-    )
-    _assert_same(ours, _numbers(hf["results"]), "--model hf")
-    # greedy generations, token for token: "ropelab" through the registry (the model="ropelab" route) vs hf
-    gen = simple_evaluate(model="ropelab", model_args=f"pretrained={run}", tasks=["local_gen"], task_manager=manager,
-                          bootstrap_iters=0, log_samples=True)
-    texts = lambda result: [s["resps"] for s in result["samples"]["local_gen"]]  # noqa: E731
-    assert texts(gen) == texts(hf) and len(texts(gen)) == len(GEN)
+    _assert_same(ours, _numbers(_export_and_compare(run, tasks_dir, tmp_path)["results"]), "--model hf")
     return True
+
+
+def test_byte_level_export_scores_every_item_as_its_run(tiny_session_overrides, tasks_dir, hf_env, tmp_path):
+    pytest.importorskip("accelerate", reason="--model hf needs accelerate (pip install 'lm-eval[hf]')")
+    from ropelab.config import build_run_config
+    from ropelab.train.loop import train
+
+    run = tmp_path / "bytes-run"
+    train(build_run_config(overrides=[*tiny_session_overrides, "train.steps=4"]), run)
+    _export_and_compare(run, tasks_dir, tmp_path)
 
 
 def test_paper_suite_offline_fails_fast_with_one_line(run, hf_env, tmp_path):

@@ -107,13 +107,28 @@ def test_export_byte_tokenizer_run_ships_an_equivalent_tokenizer(tmp_path):
 
     ours = source.tokenizer
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    assert (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == (
-        ours.eos_id, ours.bos_id, ours.pad_id) == (256, 257, 258)
-    assert (theirs.config.eos_token_id, theirs.config.bos_token_id, theirs.config.pad_token_id) == (256, 257, 258)
+    # no BOS named (lm-eval would prefix texts with it; ropelab prefixes EOS), the trained context as n_positions
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == (ours.eos_id, None, ours.pad_id)
+    assert (theirs.config.eos_token_id, theirs.config.bos_token_id, theirs.config.pad_token_id) == (256, None, 258)
+    assert (theirs.config.n_positions, theirs.config.max_position_embeddings) == (16, source.config.model.max_seq_len)
     mixed = TEXT + "café 日本 🙂\t\r\n  <|endoftext|> end"  # a special token written in text stays bytes
     ids = tokenizer(mixed).input_ids
     assert ids == ours.encode_batch([mixed])[0] == list(mixed.encode("utf-8"))
     assert tokenizer.decode(ids) == mixed and tokenizer.decode([104, 256, 105], skip_special_tokens=True) == "hi"
+
+
+def test_export_tokenizer_adds_no_special_tokens_as_ropelab_encodes(tmp_path):
+    from tokenizers import processors
+
+    rust = load_tokenizer("bytes").to_tokenizers()
+    rust.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 257)])
+    rust.save(str(tmp_path / "tokenizer.json"))
+    run_dir = _fake_run(tmp_path / "run", [f"data.tokenizer={tmp_path / 'tokenizer.json'}"])
+    ours = load(run_dir).tokenizer
+    export_hf(run_dir, tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert rust.encode(TEXT).ids[0] == 257
+    assert theirs(TEXT).input_ids == theirs.encode(TEXT) == ours.encode_batch([TEXT])[0] == list(TEXT.encode())
 
 
 @pytest.mark.parametrize(

@@ -118,3 +118,23 @@ def test_probe_through_hf_import(two_runs, tmp_path):
         expected = hf(ids).logits[0, meta["analysis_positions"]]
     with safe_open(str(tmp_path / "out/hf/causal-fp32-running/captures.safetensors"), framework="pt") as f:
         torch.testing.assert_close(f.get_tensor("logits"), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_window_longer_than_the_model_is_refused_or_with_a_scaling_warned_about(tmp_path, capsys):
+    from probe_helpers import tiny_model
+
+    short = ("model.max_seq_len=48",)  # SMALL's window: 4 repeats x 16 tokens = 64
+    plain = write_run(tmp_path / "plain", tiny_model(0, *short), tiny_config(*short))
+    assert main(["probe", "run", str(plain), "--out", str(tmp_path / "a"), "--stages", "logits", *SMALL]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("ropelab: error: plain: the probe window, 4 repeats x 16 tokens = 64, is longer than the model's "
+                    "model.max_seq_len=48; choose --block-len and --repeats whose product is at most 48")
+    assert not (tmp_path / "a").exists()
+
+    scaled = (*short, "model.rope.scaling={method: linear, factor: 2.0}")
+    linear = write_run(tmp_path / "linear", tiny_model(0, *scaled), tiny_config(*scaled))
+    assert main(["probe", "run", str(linear), "--out", str(tmp_path / "b"), "--stages", "logits", *SMALL]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["ropelab: warning: linear: the probe window, 4 repeats x 16 tokens = 64, is longer than the "
+                        "model's model.max_seq_len=48; probed with its RoPE scaling"]
+    assert (tmp_path / "b" / "probe.json").is_file()

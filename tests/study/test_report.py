@@ -136,3 +136,19 @@ def test_report_on_empty_study(tmp_path):
     write_report(tmp_path)
     assert "No runs found" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "loss_curves.png").is_file() and (tmp_path / "final_loss.png").is_file()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "run-folder"])
+def test_report_on_a_folder_that_is_not_a_study_is_one_line(tmp_path, make, capsys):
+    from ropelab.cli import main
+
+    folder = tmp_path / make
+    if make != "missing":
+        folder.mkdir()
+    if make == "run-folder":
+        (folder / "config.yaml").write_text("{}")
+    assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    what = "no such folder" if make == "missing" else "not a study folder (no runs/ in it)"
+    assert line == f"ropelab: error: {folder}: {what}; give the folder `ropelab study --out` wrote"
+    assert not (tmp_path / "out").exists()

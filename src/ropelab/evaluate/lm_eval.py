@@ -22,15 +22,14 @@ The package also declares ``[project.entry-points."lm_eval.models"] ropelab = ..
 with entry-point plugin discovery (lm-evaluation-harness PR #4013) then find it from the plain ``lm_eval``
 CLI with nothing imported by hand.
 
-Scoring follows the harness's HF backend (``HFLM``) so numbers agree with ``--model hf`` on an
-exported folder: the same context/continuation split, left truncation to ``max_length`` and rolling
-windows. Two defaults differ, on purpose: for a model ropelab trained ``max_length`` is the run's
-training context (``data.seq_len``, not the 8192+ of the HF config; for a released checkpoint -- a GGUF
-file, an HF folder or hub name, or a folder ``ropelab import`` wrote -- it is the model's own context,
-``model.max_seq_len``, as HFLM reads it), and the prefix token used for empty contexts and
-rolling windows is EOS (what ropelab training puts between documents; HFLM picks BOS when the
-tokenizer defines one, and ropelab never trains BOS). For identical numbers through ``--model hf`` pass
-``max_length=<seq_len>,prefix_token_id=<eos id>`` there, or ``max_length=...,prefix_token_id=...`` here.
+Scoring follows the harness's HF backend (``HFLM``): the same context/continuation split, left
+truncation to ``max_length`` and rolling windows. Two defaults are ropelab's own: ``max_length`` is the
+context the weights were trained at (`ropelab.evaluate.trained_context.trained_length`: a trained run's
+``data.seq_len``, not its 8192+ ``model.max_seq_len``; a released checkpoint's own context), and the
+prefix token of empty contexts and rolling windows is EOS (what ropelab training puts between
+documents, whatever BOS the tokenizer has). ``ropelab export`` writes both where HFLM reads them (see
+`ropelab.export.hf`), so ``--model hf`` on an exported folder gives the same number for every item as
+``--model ropelab`` on its run, with no model_args beyond ``dtype=float32``.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ from ropelab.config import ConfigError
 from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
     PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
 )
-from ropelab.sources.runs import IMPORT
 
 try:
     import lm_eval
@@ -63,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ropelab.evaluate.lm_eval_tasks import PAPER_TASKS, load_tasks, resolve_tasks  # noqa: E402, F401 - PAPER_TASKS re-exported
+from ropelab.evaluate.trained_context import trained_length  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -109,19 +108,11 @@ def effective_rope_fraction(config) -> float:
     return sum(dims) / (len(dims) * c.head_size)
 
 
-def default_max_length(source: sources.Source, config) -> int:
-    """The context `RopelabLM` scores in by default: a trained run's ``data.seq_len`` (what it learned),
-    a released checkpoint's ``model.max_seq_len`` (its imported ``data.seq_len`` is only a placeholder;
-    HFLM reads the same context from the exported HF config)."""
-    released = not source.is_ropelab or (source.run_dir is not None and (Path(source.run_dir) / IMPORT).is_file())
-    return config.model.max_seq_len if released else config.data.seq_len
-
-
 class RopelabLM(TemplateLM):
     """A ropelab run, checkpoint or imported folder as an lm-eval model (fp32 on CUDA when present).
 
     model_args: pretrained (required), batch_size (8), device (cuda if available, else cpu),
-    max_length (`default_max_length`: a run's data.seq_len, a released model's context), max_gen_toks
+    max_length (`trained_length`: a run's data.seq_len, a released model's context), max_gen_toks
     (256), prefix_token_id (EOS), dtype (float32 | bfloat16 | float16 | auto). Generation is greedy;
     ``until`` strings and EOS stop it."""
 
@@ -158,7 +149,7 @@ class RopelabLM(TemplateLM):
         self.model = model.to(self._device, self.dtype).eval()
         self.run_config = config
         self._batch_size = _parse_batch_size(batch_size)
-        self._max_length = _as_int(max_length, "max_length") or default_max_length(source, config)
+        self._max_length = _as_int(max_length, "max_length") or trained_length(source, config)
         self._max_gen_toks = _as_int(max_gen_toks, "max_gen_toks") or 256
         self._prefix = _as_int(prefix_token_id, "prefix_token_id")
         self.rope_fraction = effective_rope_fraction(config)
@@ -220,6 +211,8 @@ class RopelabLM(TemplateLM):
         for context, continuation in pairs:
             if not continuation:
                 raise ValueError("ropelab: empty continuation")
+            if not context:  # the harness moves a context's trailing whitespace into the continuation
+                raise ValueError("ropelab: empty context (a context of only whitespace?); HFLM refuses it too")
             if len(continuation) > self.max_length:
                 raise ValueError(f"ropelab: continuation of {len(continuation)} tokens > max_length {self.max_length}")
             inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
@@ -419,7 +412,7 @@ def cli_evaluate() -> None:
 __all__ = [
     "PAPER_TASKS", "PAPER_METRICS", "RopelabLM", "evaluate_lm", "load_tasks", "resolve_tasks",
     "select_metrics", "results_markdown", "write_reports", "plot_lambada", "effective_rope_fraction",
-    "cli_evaluate", "default_max_length",
+    "cli_evaluate",
 ]
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ from ropelab.data.tokenizer import load_tokenizer
 from ropelab.data.tokens import open_split
 from ropelab.evaluate.lm_eval_report import run_labels
 from ropelab.evaluate.longctx_report import check_out_dir, write_reports
+from ropelab.evaluate.trained_context import trained_length
 from ropelab.model import project
-from ropelab.sources.runs import IMPORT
 from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
@@ -299,13 +299,6 @@ def progress_bar(enabled: bool, title: str = "longctx"):
         TextColumn(f"[bold]{title}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not enabled,
     )
-
-
-def trained_length(source: sources.Source, config) -> int:
-    """The context the weights were trained at: data.seq_len for a ropelab run; for a model made
-    elsewhere (HF, GGUF, or a folder of `ropelab import`) its own context, max_seq_len."""
-    imported = not source.is_ropelab or (source.run_dir / IMPORT).is_file()
-    return config.model.max_seq_len if imported else config.data.seq_len
 
 
 def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device, progress, task_id) -> dict:

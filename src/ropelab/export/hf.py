@@ -7,6 +7,19 @@
                                 shipped in the folder (`remote_code`, trust_remote_code=True); plus
                                 generation_config.json
 
+An exported folder scores like its run (lm-eval's ``--model hf`` on it gives every item the number
+``--model ropelab`` gives on the run, `ropelab.evaluate.lm_eval`), because it carries ropelab's scoring
+defaults where HFLM reads them:
+
+  * the tokenizer declares no BOS, so HFLM prefixes empty contexts and rolling windows with EOS (it takes
+    BOS when the tokenizer names one), as ropelab does: ropelab puts EOS between documents and never
+    prepends a BOS to a text; config.json and generation_config.json name no BOS either;
+  * the tokenizer adds no special tokens on encoding (a post-processor that adds them is dropped):
+    transformers encodes with add_special_tokens=True by default, ropelab without;
+  * config.json's ``n_positions`` is the context the weights were trained at (`trained_length`: a run's
+    data.seq_len), which HFLM reads as its max_length before ``max_position_embeddings`` (the model's
+    position capacity, model.max_seq_len, kept: RoPE scalings compute with it).
+
 Both refuse an existing non-empty `out_dir` and build the folder under a temporary name next to it,
 renamed into place when complete (`ropelab.files.new_folder`), so a failure never leaves a
 half-written folder. User mistakes (wrong path, non-empty out_dir) raise a one-line `ConfigError`.
@@ -18,6 +31,7 @@ from pathlib import Path
 
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from ropelab.evaluate.trained_context import trained_length
 from ropelab.export import remote_code
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
@@ -40,27 +54,34 @@ def _export_tokenizer(tokenizer: Tokenizer, config: RunConfig) -> HFTokenizer:
 
 
 def _hf_tokenizer(tokenizer: HFTokenizer, max_len: int):
+    """`tokenizer` as transformers loads it, encoding as ropelab does (see the module docstring): no BOS
+    named, no special tokens added."""
     from tokenizers import Tokenizer as RustTokenizer
 
     transformers = require_transformers("Hugging Face export")
+    rust = RustTokenizer.from_str(tokenizer.tok.to_str())  # a copy: the wrapper may edit it
+    if rust.encode("a").ids != rust.encode("a", add_special_tokens=False).ids:
+        rust.post_processor = None
     name = lambda i: None if i is None else tokenizer.tok.id_to_token(i)  # noqa: E731
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=RustTokenizer.from_str(tokenizer.tok.to_str()),  # a copy: the wrapper may edit it
-        eos_token=name(tokenizer.eos_id), bos_token=name(tokenizer.bos_id), pad_token=name(tokenizer.pad_id),
+        tokenizer_object=rust, eos_token=name(tokenizer.eos_id), pad_token=name(tokenizer.pad_id),
         model_max_length=max_len,
         # tokenizer.json does not keep this setting (the byte tokenizer's), tokenizer_config.json does
         split_special_tokens=tokenizer.tok.encode_special_tokens,
     )
 
 
-def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = None, tokenizer=None) -> dict:
+def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = None, tokenizer=None,
+            trained_context: int | None = None) -> dict:
     """Write `model` (its config is `model.config`) as a Hugging Face folder `out_dir`, no run needed.
 
     Route "native": the exactly equivalent transformers class (`hf_architecture`), no remote code.
     Route "remote_code" when there is none: ropelab's own modeling code ships in the folder with
     `auto_map` (see `remote_code`); load it with `trust_remote_code=True`. `token_ids`: bos/eos/pad
-    ids for the configs (ids outside the vocabulary are dropped); `tokenizer`: a transformers
-    tokenizer saved alongside. Returns route, architecture, files, and why (no native class)."""
+    ids for the configs (ids outside the vocabulary are dropped, None ones are written as null);
+    `tokenizer`: a transformers tokenizer saved alongside; `trained_context`: config.json's
+    n_positions (see the module docstring). Returns route, architecture, files, and why (no native
+    class)."""
     out = refuse_existing(out_dir)
     transformers = require_transformers("Hugging Face export")
     try:
@@ -72,6 +93,8 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
     ids = {k: v if v is not None and v < vocab else None for k, v in (token_ids or {}).items()}  # no stray ids
     for key, value in ids.items():
         setattr(hf_model.config, key, value)
+    if trained_context is not None:
+        hf_model.config.n_positions = trained_context
     generation = transformers.GenerationConfig(**ids)
     hf_model.generation_config = generation
     with new_folder(out) as tmp:
@@ -99,8 +122,9 @@ def export_hf(source: str | Path, out_dir: str | Path) -> dict:
     found = resolve(source)
     model, tokenizer, config = load(found)
     tokenizer = _export_tokenizer(tokenizer, config)
-    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-    info = save_hf(model, out, token_ids=ids, tokenizer=_hf_tokenizer(tokenizer, config.model.max_seq_len))
+    ids = {"bos_token_id": None, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    info = save_hf(model, out, token_ids=ids, tokenizer=_hf_tokenizer(tokenizer, config.model.max_seq_len),
+                   trained_context=trained_length(found, config))
     return {
         "out_dir": str(out),
         "route": info["route"],

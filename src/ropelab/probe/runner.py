@@ -20,6 +20,7 @@ import html
 import json
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +97,18 @@ def _check_tokens(label: str, config, tokenizer, reference, probe: ProbeInput) -
         raise ConfigError(f"{label}: token id {max(probe.block_ids)} outside the model's vocabulary of {config.model.vocab_size}")
 
 
+def _check_window(label: str, model_config, probe: ProbeInput) -> None:
+    """A window longer than the model's context (model.max_seq_len) is refused, unless the model has a
+    RoPE scaling, which is made to carry positions past its context: then one line warns."""
+    if probe.window <= model_config.max_seq_len:
+        return
+    what = (f"{label}: the probe window, {probe.repeats} repeats x {probe.block_len} tokens = {probe.window:,}, is longer "
+            f"than the model's model.max_seq_len={model_config.max_seq_len:,}")
+    if all(model_config.rope_for_layer(i).scaling is None for i in range(model_config.n_layer)):
+        raise ConfigError(f"{what}; choose --block-len and --repeats whose product is at most {model_config.max_seq_len:,}")
+    print(f"ropelab: warning: {what}; probed with its RoPE scaling", file=sys.stderr)
+
+
 def _probe_checkpoint(model, label: str, folder: Path, probe: ProbeInput, config: ProbeConfig, device, on_layer) -> dict:
     """Every mode on one model (fp32 modes first: the model is cast to bf16 in place once); writes
     each mode's captures, metrics and heatmaps. Returns {mode: {"metrics", "seconds"}}."""
@@ -144,6 +157,7 @@ def _probe_all(checkpoints: list[str], labels: list[str], folder: Path, config: 
             layers = config.layer_indices(model.config.n_layer)
             progress.update(task, total=len(checkpoints) * len(config.modes) * model.config.n_layer, completed=0)
         _check_tokens(label, run_config, tokenizer, reference, probe)
+        _check_window(label, model.config, probe)
         if config.layer_indices(model.config.n_layer) != layers:
             raise ConfigError(f"{label}: has {model.config.n_layer} layers; --layers selects other layers than in the first checkpoint")
         meta["checkpoints"].append(_describe(label, source, model, layers))
@@ -207,7 +221,8 @@ def _weights_sections(folder: Path, checkpoints: list[str], labels: list[str], t
 
 def run_probe(checkpoints: list[str], out_dir: str | Path, config: ProbeConfig | None = None) -> dict:
     """Probe `checkpoints` (run dirs, checkpoint folders, imported or Hugging Face folders, hub
-    names) with the repeated-block sequence and write `out_dir` (see the module docstring).
+    names) with the repeated-block sequence and write `out_dir` (see the module docstring). A window
+    longer than a checkpoint's model.max_seq_len is refused, or with a RoPE scaling warned about.
     Returns probe.json's content plus ``out_dir`` and ``findings`` (one line per mode and checkpoint)."""
     config = (config or ProbeConfig()).validate()
     if not checkpoints:
