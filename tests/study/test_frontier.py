@@ -2,6 +2,7 @@
 
 import pytest
 
+from ropelab.cli import main
 from ropelab.config import ConfigError, build_run_config
 from ropelab.study.frontier import frontier_points, read_frontier_record
 from ropelab.study.grid import StudyConfig, expand, resolve_references
@@ -68,20 +69,45 @@ def test_bad_frontiers_are_refused(frontier, message):
         expand(bad)
 
 
-def test_a_frontier_study_trains_and_yields_its_points(tmp_path):
-    """The runner's order by hand, in one process: the trunk, then each branch from its checkpoint."""
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished frontier study, trained in the runner's order by hand in one process: the trunk, then
+    each branch from its checkpoint."""
+    folder = tmp_path_factory.mktemp("frontier")
     config = study()
     runs = expand(config)
-    record_study(tmp_path, config, runs)
-    dirs = {r.id: str(run_dir(tmp_path, r.id)) for r in runs}
+    record_study(folder, config, runs)
+    dirs = {r.id: str(run_dir(folder, r.id)) for r in runs}
     for run in runs:
         train(build_run_config(resolve_references(run.config, dirs)), dirs[run.id])
-    record = read_frontier_record(tmp_path)
+    return folder, runs
+
+
+def test_a_frontier_study_trains_and_yields_its_points(trained):
+    folder, runs = trained
+    record = read_frontier_record(folder)
     assert {run_id: r.role for run_id, r in record.items()} == {r.id: r.frontier.role for r in runs}
-    points = frontier_points(tmp_path)
+    points = frontier_points(folder)
     assert [(p["variant"], p["seed"], p["budget"]) for p in points] == [("rope100", 0, 0.1), ("rope100", 0, 0.2)]
     for point in points:
-        rows = read_metrics(dirs[point["run"]])
+        rows = read_metrics(run_dir(folder, point["run"]))
         assert rows[-1]["tokens"] == point["tokens"] and rows[-1]["val_loss"] == point["loss"]
         branch_step = next(r for r in runs if r.id == point["run"]).config.train.branch_step
         assert rows[0]["step"] == branch_step + 1  # the cooldown trains only its own steps
+
+
+def test_fit_prints_the_frontier_and_writes_it_only_into_a_new_folder(trained, tmp_path, capsys):
+    folder, _ = trained
+    assert main(["fit", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "Frontier: final loss per budget" in out and "0.1 tokens/param" in out and "0.2 tokens/param" in out
+    assert main(["fit", str(folder), "--out", str(tmp_path / "fit")]) == 0
+    assert "| rope100 | 41,152 |" in (tmp_path / "fit" / "fit.md").read_text()
+    assert main(["fit", str(folder), "--out", str(tmp_path / "fit")]) == 2  # not empty now: refused
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_fit_of_a_folder_without_a_frontier_is_one_line(tmp_path, capsys):
+    assert main(["fit", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no finished frontier runs" in err and len(err.strip().splitlines()) == 1

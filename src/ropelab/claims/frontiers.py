@@ -16,7 +16,8 @@ from ropelab.claims.claim import Parts
 from ropelab.claims.frontier_verdict import frontier_higher, frontier_matches
 from ropelab.claims.groups import finish_axes
 from ropelab.config import ConfigError, build_run_config
-from ropelab.study.fit import fit_data_law, tail_slope
+from ropelab.study.convergence import tail_slopes
+from ropelab.study.fit import fit_data_law
 from ropelab.study.frontier import frontier_points, non_embedding_params
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.summary import collect_runs
@@ -67,25 +68,13 @@ def runs_regime(study_dir: Path) -> str:
 
 
 def still_falling_note(study_dir: Path) -> str:
-    """Which runs' validation loss was still falling at the end (`ropelab.study.fit.tail_slope`: the
-    slope per doubling of tokens over the last quarter, beyond twice its standard error)."""
-    falling, judged = [], 0
-    for run in collect_runs(study_dir):
-        steps, losses = run.val
-        if len(steps) < 3:
-            continue
-        tokens = dict(zip(run.steps.tolist(), run.tokens.tolist()))
-        try:
-            slope = tail_slope([tokens.get(int(s), float(s)) for s in steps], losses)
-        except ConfigError:
-            continue
-        judged += 1
-        if slope.still_falling:
-            falling.append(f"{run.id} ({slope.slope:+.3f} per doubling)")
-    if not judged:
+    """Which runs' validation loss was still falling at the end (`ropelab.study.convergence`)."""
+    slopes = tail_slopes(study_dir)
+    if not slopes:
         return ""
+    falling = [f"{run_id} ({s.slope:+.3f} per doubling)" for run_id, s in slopes.items() if s.still_falling]
     return (f"Still falling at the end: {', '.join(falling)}." if falling
-            else f"No run's validation loss was still falling at the end ({judged} judged).")
+            else f"No run's validation loss was still falling at the end ({len(slopes)} judged).")
 
 
 def final_losses(frontiers: Frontiers) -> dict[str, list[float]]:

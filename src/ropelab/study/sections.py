@@ -1,5 +1,6 @@
 """Optional sections of a study report, present when the runs call for them:
 
+  * convergence   whether each run's validation loss was still falling at the end (`ropelab.study.convergence`);
   * phases        validation loss after each phase of multi-phase runs (from result.json);
   * conversion    runs started from a source converted to a RoPE plan (`ropelab.study.conversion`);
   * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
@@ -16,6 +17,7 @@ from pathlib import Path
 from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.sources.runs import read_result
 from ropelab.study.conversion import conversion_section
+from ropelab.study.convergence import convergence_section
 from ropelab.study.extrapolation import extrapolation_section
 from ropelab.study.frontier_report import frontier_sections
 from ropelab.study.section import Section, folder_section, html_table, markdown_table
@@ -53,8 +55,8 @@ def longctx_section(study_dir: Path) -> Section | None:
 
 def report_sections(study_dir: str | Path) -> list[Section]:
     study_dir = Path(study_dir)
-    sections = (phase_section(study_dir), conversion_section(study_dir), longctx_section(study_dir),
-                extrapolation_section(study_dir))
+    sections = (convergence_section(study_dir), phase_section(study_dir), conversion_section(study_dir),
+                longctx_section(study_dir), extrapolation_section(study_dir))
     return [s for s in sections if s is not None] + frontier_sections(study_dir)
 
 
