@@ -66,3 +66,32 @@ def test_cli_missing_config_file(capsys, tmp_path):
 
 def test_default_run_config_is_valid():
     assert RunConfig().validate().model.name == "tiny-llama"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=.inf", "train.lr=inf: must be a finite number"),
+    ("train.lr=.nan", "train.lr=nan: must be a finite number"),
+    ("train.lr=2", "train.lr=2.0: must be in (0, 1]"),
+    ("train.grad_clip=.nan", "train.grad_clip=nan: must be a finite number"),
+    ("train.grad_clip=0", "train.grad_clip=0.0: must be a finite number > 0"),
+    ("train.beta1=1.5", "train.beta1=1.5: must be in [0, 1)"),
+    ("train.eps=1e-300", "train.eps=1e-300: must be a finite number >= 1.1754943508222875e-38"),
+    ("train.weight_decay=5000", "train.weight_decay=5000.0: must be < 1 / train.lr = 2500"),
+    ("model.init_std=.nan", "model.init_std=nan: must be a finite number"),
+    ("model.init_std=-0.02", "model.init_std=-0.02: must be in (0, 1]"),
+    ("model.n_kv_head=0", "model.n_kv_head=0: must be > 0"),
+    ("model.d_model=4294967296", "model.d_model=4294967296: must be <= 2147483647"),
+    ("seed=-1", "seed=-1: must be >= 0"),
+    ("data.val_percent=1e999", "data.val_percent=inf: must be a finite number"),
+    ("model.rope.theta=-.inf", "model.rope.theta=-inf: must be a finite number"),
+    ("model.rope.scaling={method: yarn, factor: 2, original_max_position: 8, attention_factor: 1e6}",
+     "model.rope.scaling.attention_factor=1000000.0: must be in (0, 100]"),
+    ("train.phases=[{name: a, tokens: 2.0e+16}]", "train.phases[0].tokens=20000000000000000: must be <= 9007199254740992"),
+])
+def test_numbers_out_of_range_are_one_line_and_write_nothing(tmp_path, capsys, override, message):
+    """Before: lr=inf and grad_clip=nan trained to "done" on NaN losses; lr=nan, beta1=1.5, init_std=nan and
+    seed=-1 ended in tracebacks and left a config.yaml that blocked a rerun."""
+    assert main(["train", "--out", str(tmp_path / "r"), override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ropelab: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "r").exists()

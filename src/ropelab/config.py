@@ -20,9 +20,8 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user's configuration is invalid. The message is one line naming the key."""
+from ropelab.config_checks import FLOAT32_TINY, SEED_MAX, TOKENS_MAX, check_float, check_ints, finite_number
+from ropelab.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------- RoPE
@@ -96,13 +95,24 @@ class RopeScalingConfig:
                 isinstance(self.original_max_position, int) and self.original_max_position > 0):
             raise ConfigError(f"{key}.original_max_position={self.original_max_position}: must be an integer > 0 "
                               f"for {method} (the context length the model was trained at)")
+        check_ints(key, self, ("original_max_position",))
+        for name in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor"):
+            check_float(f"{key}.{name}", getattr(self, name), "(0, inf)")
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                check_float(f"{key}.{name}", getattr(self, name), "[0, 10]", "keeps yarn's attention factor "
+                            "0.1 * mscale * ln(factor) + 1 in [1, 100] for any factor")
         if method in ("ntk", "dynamic", "yarn") and not theta > 1:
             raise ConfigError(f"{key}.method={method}: needs theta > 1 (got {theta}); it works on log(theta)")
         if method in ("ntk", "dynamic") and dim <= 2:
             raise ConfigError(f"{key}.method={method}: needs a spectrum of at least 4 channels (its exponent "
                               f"dim/(dim-2) is infinite at dim {dim}); rotate more channels or use yarn")
-        if self.attention_factor is not None and not (0 < self.attention_factor < math.inf):
-            raise ConfigError(f"{key}.attention_factor={self.attention_factor}: must be a finite number > 0")
+        if method == "longrope" and self.attention_factor is None and self.original_max_position < 2:
+            raise ConfigError(f"{key}.original_max_position={self.original_max_position}: must be >= 2 for longrope "
+                              "without attention_factor (its default divides by ln original_max_position)")
+        if self.attention_factor is not None:
+            check_float(f"{key}.attention_factor", self.attention_factor, "(0, 100]",
+                        "it multiplies cos and sin: the attention logits scale by its square")
         if method == "yarn" and not (0 < self.beta_slow < self.beta_fast < math.inf):
             raise ConfigError(f"{key}.beta_fast={self.beta_fast}: must be > beta_slow={self.beta_slow} > 0 "
                               "(turns in the original context: pairs above beta_fast keep their frequency)")
@@ -194,7 +204,8 @@ class RopeConfig:
         if self.has_plan:
             self.validate_plan(head_dim, key)
         elif self.resolve_dims(head_dim) > head_dim:
-            raise ConfigError(f"{key}.fraction={self.fraction}: needs at least 2 channels but head_dim is {head_dim}")
+            raise ConfigError(f"{key}.fraction={self.fraction}: needs at least 2 channels but head_dim is {head_dim} "
+                              "(model.head_dim, or model.d_model / model.n_head)")
         if not (self.theta > 0 and math.isfinite(self.theta)):
             raise ConfigError(f"{key}.theta={self.theta}: must be a finite number > 0")
         if self.scaling is not None:  # the spectrum's denominator: rotary_dims (slice) or head_dim
@@ -283,24 +294,26 @@ class ModelConfig:
         return from_dict(RopeConfig, merged, f"model.rope_layers.{layer}")
 
     def validate(self) -> None:
-        for key in ("n_layer", "d_model", "n_head", "d_ff", "max_seq_len"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"model.{key}={getattr(self, key)}: must be > 0")
+        check_ints("model", self, ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "max_seq_len",
+                                   "vocab_size"))
         if self.head_dim is None and self.d_model % self.n_head:
             raise ConfigError(
                 f"model.n_head={self.n_head}: must divide model.d_model={self.d_model} (or set model.head_dim)"
             )
-        if self.kv_heads <= 0 or self.n_head % self.kv_heads:
+        if self.n_head % self.kv_heads:
             raise ConfigError(f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head}")
-        if self.vocab_size is not None and self.vocab_size <= 0:
-            raise ConfigError(f"model.vocab_size={self.vocab_size}: must be > 0")
-        if self.norm_eps <= 0:
-            raise ConfigError(f"model.norm_eps={self.norm_eps}: must be > 0")
+        check_float("model.norm_eps", self.norm_eps, f"[{FLOAT32_TINY!r}, inf)", "smaller rounds to 0 in float32")
+        check_float("model.init_std", self.init_std, "(0, 1]")
         for layer in self.rope_layers:
             if not (0 <= int(layer) < self.n_layer):
                 raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
-        for layer in range(self.n_layer):
-            key = "model.rope" if not self.rope_layers.get(layer) else f"model.rope_layers.{layer}"
+        overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
+        layers = set(overridden)
+        plain = next((i for i in range(self.n_layer) if i not in overridden), None)
+        if plain is not None:  # the layers without an override share model.rope: one stands for all
+            layers.add(plain)
+        for layer in sorted(layers):
+            key = "model.rope" if layer not in overridden else f"model.rope_layers.{layer}"
             rope = self.rope_for_layer(layer)
             rope.validate(self.head_size, key)
             if rope.has_plan:
@@ -382,12 +395,9 @@ class DataConfig:
     max_doc_len: Optional[int] = None
 
     def validate(self) -> None:
-        if self.seq_len <= 0:
-            raise ConfigError(f"data.seq_len={self.seq_len}: must be > 0")
+        check_ints("data", self, ("seq_len", "max_doc_len"))
         if not (0 < self.val_percent < 50):
             raise ConfigError(f"data.val_percent={self.val_percent}: must be in (0, 50)")
-        if self.max_doc_len is not None and self.max_doc_len <= 0:
-            raise ConfigError(f"data.max_doc_len={self.max_doc_len}: must be > 0 (or omitted)")
         if not self.corpus:
             raise ConfigError("data.corpus: empty; use 'stdlib' or a folder written by `ropelab data prepare`")
 
@@ -429,9 +439,8 @@ class PhaseConfig:
     def validate(self, key: str) -> None:
         if (self.steps is None) == (self.tokens is None):
             raise ConfigError(f"{key}: give exactly one of steps or tokens")
-        count = self.steps if self.steps is not None else self.tokens
-        if count <= 0:
-            raise ConfigError(f"{key}.{'steps' if self.steps is not None else 'tokens'}={count}: must be > 0")
+        check_ints(key, self, ("steps",))
+        check_ints(key, self, ("tokens",), high=TOKENS_MAX)
         for name in self.overrides:
             allowed = name in self.MODEL_KEYS or name.startswith("model.rope.scaling.")
             if name in self.FIXED_KEYS or (name.startswith("model.") and not allowed):
@@ -515,14 +524,20 @@ class TrainConfig:
         if self.steps < 0 or (self.steps == 0 and not self.init_from) or (self.steps == 0 and self.phases):
             raise ConfigError(f"train.steps={self.steps}: must be > 0 (0 only with train.init_from and no phases: "
                               "the source's weights, converted where the run asks, are evaluated and saved)")
-        for key in ("micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
-                    "log_every", "max_bad_steps", "spike_window", "calibration_tokens"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
-        if self.data_parallel is not None and self.data_parallel <= 0:
-            raise ConfigError(f"train.data_parallel={self.data_parallel}: must be > 0 (or omitted: the launched world size)")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr={self.lr}: must be > 0")
+        check_ints("train", self, ("steps", "warmup_steps", "branch_step"), low=0)
+        check_ints("train", self, ("micro_batch", "grad_accum", "eval_every", "eval_batches", "checkpoint_every",
+                                   "keep_checkpoints", "log_every", "max_bad_steps", "spike_window", "data_parallel"))
+        check_ints("train", self, ("calibration_tokens",), high=TOKENS_MAX)
+        check_float("train.lr", self.lr, "(0, 1]", "AdamW moves every weight by about lr per step")
+        check_float("train.weight_decay", self.weight_decay, "[0, inf)")
+        if self.lr * self.weight_decay >= 1:
+            raise ConfigError(f"train.weight_decay={self.weight_decay}: must be < 1 / train.lr = {1 / self.lr:g} "
+                              "(each step scales the weights by 1 - lr * weight_decay)")
+        for name in ("beta1", "beta2"):
+            check_float(f"train.{name}", getattr(self, name), "[0, 1)")
+        check_float("train.eps", self.eps, f"[{FLOAT32_TINY!r}, inf)", "AdamW divides by sqrt(v) + eps, and v is 0 "
+                    "where no gradient reached; a smaller eps is 0 in float32")
+        check_float("train.grad_clip", self.grad_clip, "(0, inf)", "the gradient norm above which gradients are scaled down")
         if not (0 <= self.min_lr_ratio <= 1):
             raise ConfigError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
         if not (0 <= self.warmup_fraction < 1):
@@ -543,12 +558,9 @@ class TrainConfig:
         if self.schedule == "wsd" and warmup + self.decay_fraction > 1 + 1e-12:
             raise ConfigError(f"train.decay_fraction={self.decay_fraction}: with a warm-up of {warmup:g} of the "
                               "steps, warm-up and decay exceed the run (their sum must be <= 1)")
-        if self.keep_checkpoints < 1:
-            raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints}: must be >= 1")
-        if self.spike_factor is not None and self.spike_factor <= 1:
-            raise ConfigError(f"train.spike_factor={self.spike_factor}: must be > 1 (or omitted)")
-        if self.z_loss < 0:
-            raise ConfigError(f"train.z_loss={self.z_loss}: must be >= 0")
+        if self.spike_factor is not None:
+            check_float("train.spike_factor", self.spike_factor, "(1, inf)")
+        check_float("train.z_loss", self.z_loss, "[0, 1]", "a weight above 1 outweighs the loss it steadies; PaLM uses 1e-4")
         names = [p.name for p in self.phases]
         for i, phase in enumerate(self.phases):
             phase.validate(f"train.phases[{i}]")
@@ -592,16 +604,12 @@ class DistillConfig:
         if not self.teacher and not self.logits_cache:
             raise ConfigError("distill.teacher: required (a Hugging Face model name or folder, or a ropelab run), "
                               "or set distill.logits_cache")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ConfigError(f"distill.temperature={self.temperature}: must be a finite number > 0")
+        check_float("distill.temperature", self.temperature, "[0.01, 100]", "beyond, the softened distributions are "
+                    "one-hot or uniform in float32, and the loss is scaled by its square")
         if not (0.0 <= self.alpha <= 1.0):
             raise ConfigError(f"distill.alpha={self.alpha}: must be in [0, 1] (1 = pure KD, 0 = pure cross-entropy)")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"distill.top_k={self.top_k}: must be >= 1 (or omitted for the full vocabulary)")
-        if self.chunk_tokens <= 0:
-            raise ConfigError(f"distill.chunk_tokens={self.chunk_tokens}: must be > 0")
-        if self.teacher_tokens < 0:
-            raise ConfigError(f"distill.teacher_tokens={self.teacher_tokens}: must be >= 0 (0: the window length)")
+        check_ints("distill", self, ("top_k", "chunk_tokens"))
+        check_ints("distill", self, ("teacher_tokens",), low=0)
 
 
 # ------------------------------------------------------------------------------ run
@@ -617,11 +625,15 @@ class RunConfig:
     distill: Optional[DistillConfig] = None  # set: train by knowledge distillation
 
     def validate(self) -> "RunConfig":
+        check_ints("", self, ("seed",), low=0, high=SEED_MAX)
         self.model.validate()
         self.data.validate()
         self.train.validate()
         if self.distill is not None:
             self.distill.validate()
+            top_k, vocab = self.distill.top_k, self.model.vocab_size
+            if top_k is not None and vocab is not None and top_k > vocab:
+                raise ConfigError(f"distill.top_k={top_k}: must be <= model.vocab_size={vocab}")
         if self.data.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"data.seq_len={self.data.seq_len}: longer than model.max_seq_len={self.model.max_seq_len}"
@@ -673,12 +685,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "4e-4" (no dot) as a string
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r}: must be a number")
-        return float(value)
+        return finite_number(value, key)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}={value!r}: must be a string")

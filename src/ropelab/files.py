@@ -5,15 +5,21 @@
                                 new one, never half of one
   new_folder(out_dir)           a folder built under a temporary sibling name and renamed into place
                                 when complete; refuses an `out_dir` that exists and is not empty
+  output_folder(out_dir, ...)   the check every writing command makes of its --out before it writes:
+                                not empty text, not a file, and no entry the command did not write
+  check_folder_name(name, key)  a name from a config or the command line that names a folder inside
+                                --out (a study's run id): one path component, never ``..``
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Optional
 
 from ropelab.config import ConfigError
 
@@ -28,12 +34,62 @@ def write_atomically(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
+def output_folder(out_dir: str | Path, writer: str, own: Optional[Iterable[str]] = ()) -> Path:
+    """`out_dir` as a Path that `writer` (a command, e.g. "ropelab train") may write into, or a one-line
+    ConfigError before anything is written: for empty text, for a file (or a path through one), and
+    for a folder holding an entry that no pattern of `own` matches. `own` lists, as glob patterns of
+    names, what `writer` itself writes there and may find from an earlier call (a resumed run, a
+    rebuilt report); ``"dir/pattern"`` lets folder ``dir`` hold only entries matching ``pattern``.
+    `own` None: the contents are the writer's own business (it checks them itself)."""
+    if not str(out_dir).strip():
+        raise ConfigError(f"--out {str(out_dir)!r}: empty; give the folder {writer} writes into")
+    out = Path(out_dir)
+    for path in (out, *out.parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                where = "is not a folder" if path == out else f"goes through {path}, which is not a folder"
+                raise ConfigError(f"{out}: {where}; {writer} writes a folder there (nothing was changed)")
+            break
+    if own is None or not out.is_dir():
+        return out
+    patterns = tuple(own)
+    foreign = _foreign_entry(out, patterns)
+    if foreign is not None and not patterns:
+        raise ConfigError(f"{out}: already exists and is not empty; choose a new --out (nothing is overwritten)")
+    if foreign is not None:
+        raise ConfigError(f"{out}: holds {foreign}, which {writer} did not write; choose a new or empty folder "
+                          "(nothing was changed)")
+    return out
+
+
+def _foreign_entry(folder: Path, patterns: tuple[str, ...], prefix: str = "") -> Optional[str]:
+    """The first entry under `folder` (as ``prefix + name``) that no pattern allows, or None."""
+    for entry in sorted(folder.iterdir()):
+        name = prefix + entry.name
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            continue
+        inner = [p for p in patterns if p.startswith(name + "/")]
+        if inner and entry.is_dir() and not entry.is_symlink():
+            found = _foreign_entry(entry, tuple(inner), name + "/")
+            if found is None:
+                continue
+            return found
+        return name
+    return None
+
+
+def check_folder_name(name: str, key: str) -> str:
+    """`name`, or a one-line ConfigError unless it is one plain folder name: letters, digits, ``. _ + -``,
+    not starting with a dot (no ``..``, no ``/``: the folder stays inside the one it is made in)."""
+    if not re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*", name):
+        raise ConfigError(f"{key}={name!r}: names a folder, so it may hold only letters, digits and . _ + - "
+                          "(not first: a dot)")
+    return name
+
+
 def refuse_existing(out_dir: str | Path) -> Path:
     """`out_dir` as a Path, or a one-line ConfigError when it exists and is not an empty folder."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out}: already exists and is not empty; choose a new --out (nothing is overwritten)")
-    return out
+    return output_folder(out_dir, "this command")
 
 
 @contextmanager

@@ -151,7 +151,11 @@ def bound_table(contexts: Sequence[int], dims: Sequence[int], thetas: Sequence[f
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     for d in dims:
-        _check(max(contexts, default=1), d)
+        for context in contexts:
+            _check(context, d)
+    for theta in thetas:
+        if not 0 < theta < math.inf:
+            raise ConfigError(f"theta={theta}: must be a finite number > 0 (a RoPE base)")
     rows = []
     with Progress(TextColumn("[bold]rope base bound[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), disable=not progress, transient=True) as bar:

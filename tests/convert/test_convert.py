@@ -80,6 +80,8 @@ def test_the_command_line_takes_settings_after_the_options(run, tmp_path, capsys
     (["rope.select=high"], "rope.keep_pairs: required"),
     (["rope.keep_pairs=2", "calibration.corpus=/nonexistent"], "calibration.corpus='/nonexistent'"),
     (["rope.keep_pairs=2", "calibration.tokenz=5"], "calibration.tokenz: unknown key"),
+    (["rope.keep_pairs=2", "calibration.seed=-1"], "calibration.seed=-1: must be >= 0"),
+    (["rope.keep_pairs=2", "eval.seq_len=4294967296"], "eval.seq_len=4294967296: must be <= 2147483647"),
 ])
 def test_bad_settings_stop_in_one_line_before_writing(run, tmp_path, capsys, settings, message):
     out = tmp_path / "never"

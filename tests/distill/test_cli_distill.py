@@ -20,7 +20,7 @@ def test_cache_dry_run_prints_the_size_and_writes_nothing(tmp_path, teacher_run,
 @pytest.mark.parametrize("extra,message", [
     ([], "distill: no distill section"),
     (["distill.teacher=/no/such/teacher"], "no such file or directory"),
-    (["distill.teacher=TEACHER", "distill.temperature=0"], "distill.temperature=0.0: must be a finite number > 0"),
+    (["distill.teacher=TEACHER", "distill.temperature=0"], "distill.temperature=0.0: must be in [0.01, 100]"),
     (["distill.teacher=TEACHER", "distill.top_k=1000"], "distill.top_k=1000: larger than the vocabulary (259 tokens)"),
     (["distill.logits_cache=/no/cache"], "no manifest.json"),
 ])

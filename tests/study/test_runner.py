@@ -82,3 +82,68 @@ def test_study_command_writes_every_output(tmp_path, capsys):
         assert (tmp_path / "s" / name).stat().st_size > 0
     assert main(["report", str(tmp_path / "s"), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "report.html").is_file()
+
+
+def _processes_naming(path) -> list[str]:
+    """Command lines of the live processes that name `path` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if str(path) in text:
+            found.append(text)
+    return found
+
+
+def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from ropelab.train.lock import is_locked
+    from ropelab.train.stop import EX_TEMPFAIL
+
+    long_base = {**BASE, "train": {**BASE["train"], "steps": 1500, "eval_every": 1500, "checkpoint_every": 1500}}
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "base": long_base, "grid": {"model.rope.fraction": [0.0, 1.0]}}))
+    out = tmp_path / "s"
+    runs = [out / "runs" / name for name in ("fraction0", "fraction1")]
+    study_process = subprocess.Popen([sys.executable, "-m", "ropelab", "study", "--config", config, "--out", out, "--no-live",
+                                      "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while not all(read_metrics(run) for run in runs):  # both trainers are past their first step
+        assert study_process.poll() is None and time.time() < deadline, study_process.communicate()[1].decode()[-2000:]
+        time.sleep(0.02)
+    study_process.send_signal(signal.SIGTERM)
+    _, stderr = study_process.communicate(timeout=60)
+    assert study_process.returncode == EX_TEMPFAIL, stderr.decode()[-2000:]
+    assert stderr.decode().splitlines() == [f"ropelab: {out}: stopped by SIGTERM (2 run(s) interrupted, their checkpoints "
+                                            "kept); re-run the same command to continue"]
+    assert _processes_naming(out) == []  # no trainer left behind
+    for run in runs:
+        stopped_at = latest_checkpoint(run)
+        assert stopped_at is not None and 0 < int(stopped_at.name.split("_")[1]) < 1500
+        assert not (run / "result.json").exists() and not (run / "error.txt").exists() and not is_locked(run)
+    rerun = StudyConfig(name="t", base=long_base, grid={"model.rope.fraction": [0.0, 1.0]})
+    assert run_study(rerun, out, jobs=2, live=False) == {"fraction0": "done", "fraction1": "done"}
+    for run in runs:
+        assert [r["step"] for r in read_metrics(run)] == list(range(1, 1501))  # each step once: resumed, not restarted
+
+
+def test_ctrl_c_on_a_study_says_to_rerun_it(tmp_path, monkeypatch, capsys):
+    from ropelab.cli import main
+    from ropelab.study import pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "run_and_report", interrupted)
+    assert main(["study", "--out", str(tmp_path / "s"), "--no-live", "--jobs", "1"]) == 130
+    assert capsys.readouterr().err == "ropelab: interrupted; re-run the same command to continue (finished runs are kept)\n"

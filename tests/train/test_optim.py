@@ -101,7 +101,7 @@ def test_wsd_restarts_in_each_phase(tmp_path, tiny_overrides):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.schedule=linear", "train.schedule='linear': must be one of 'cosine', 'wsd'"),
+    ("train.schedule=linear", "train.schedule='linear': must be one of 'cosine', 'wsd', 'constant'"),
     ("train.decay_fraction=0", "train.decay_fraction=0.0: must be in (0, 1]"),
     ("train.decay_fraction=1.5", "train.decay_fraction=1.5: must be in (0, 1]"),
 ])
@@ -113,7 +113,7 @@ def test_bad_schedule_settings_name_the_key(override, message):
 
 def test_wsd_warmup_and_decay_must_fit_in_the_run():
     overrides = ["train.schedule=wsd", "train.warmup_fraction=0.5", "train.decay_fraction=0.6"]
-    with pytest.raises(ConfigError, match=r"^train.decay_fraction=0.6: with train.warmup_fraction=0.5, .* <= 1\)$"):
+    with pytest.raises(ConfigError, match=r"^train.decay_fraction=0.6: with a warm-up of 0.5 of the steps, .* <= 1\)$"):
         build_run_config(overrides=overrides)
     build_run_config(overrides=overrides[:2] + ["train.decay_fraction=0.5"])
     build_run_config(overrides=["train.warmup_fraction=0.5", "train.decay_fraction=0.6"])  # cosine ignores it
@@ -135,3 +135,13 @@ def test_allocated_state_trains_exactly_as_the_lazily_made_one():
     state = {k: v.clone() for k, v in eager.state[next(model.parameters())].items()}
     allocate_state(eager)  # state already there: nothing changes
     assert all(torch.equal(v, eager.state[next(model.parameters())][k]) for k, v in state.items())
+
+
+def test_constant_schedule_and_warmup_steps_and_a_linear_decay():
+    constant = TrainConfig(steps=10, lr=1.0, warmup_steps=2, schedule="constant")
+    assert [lr_at(step, constant) for step in range(10)] == [0.5, 1.0] + [1.0] * 8
+    linear = TrainConfig(steps=10, lr=1.0, min_lr_ratio=0.0, warmup_steps=0, schedule="wsd", decay_fraction=0.5,
+                         decay_shape="linear")
+    assert [lr_at(step, linear) for step in range(10)] == pytest.approx([1.0] * 5 + [1.0, 0.8, 0.6, 0.4, 0.2])
+    with pytest.raises(ConfigError, match="train.warmup_steps=10: must be in"):
+        TrainConfig(steps=10, warmup_steps=10).validate()

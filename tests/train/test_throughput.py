@@ -80,3 +80,27 @@ def test_no_mfu_without_a_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Unknown GPU")
     tracker = Throughput(_model(), seq_len=32, tokens_per_step=64, device="cuda")
     assert tracker.update(1.0) == {"tokens_per_s": 64.0, "mfu": None}
+
+
+FLOPS_PER_TOKEN = 6 * (4 * 64 + 3 * 128 + 128 + 3 * 8) + 12 * 2 * 4 * 32  # _model() at seq_len 32
+
+
+@pytest.mark.parametrize("remeasured, mfu, raised", [(4e6, 0.5, False), (1.5e6, 1.0, True)])
+def test_a_step_beyond_the_measured_cpu_peak_never_reports_mfu_above_one(monkeypatch, remeasured, mfu, raised):
+    """Before: a CPU peak timed while other work loaded the machine let later steps report MFU > 100%.
+    Now the peak is timed again (once); a step still faster sets the peak itself."""
+    monkeypatch.setattr(throughput, "peak_flops", lambda device, dtype: (1e6, "measured float32 matmul, 1 threads"))
+    timings = []
+    monkeypatch.setattr(throughput, "measure_cpu_peak", lambda dtype, threads: timings.append(dtype) or remeasured)
+    tracker = Throughput(_model(), seq_len=32, tokens_per_step=64, device="cpu", window=1)
+    seconds = 64 * FLOPS_PER_TOKEN / 2e6  # 2e6 FLOP/s: twice the first measurement
+    assert tracker.update(seconds)["mfu"] == pytest.approx(mfu)
+    assert tracker.update(seconds)["mfu"] == pytest.approx(mfu) and timings == [torch.float32]  # timed again once
+    assert tracker.peak == pytest.approx(max(remeasured, 2e6))
+    assert ("raised to a step's rate" in tracker.peak_source) == raised
+
+
+def test_a_datasheet_or_given_peak_is_never_changed(monkeypatch):
+    monkeypatch.setattr(throughput, "measure_cpu_peak", lambda dtype, threads: pytest.fail("timed again"))
+    tracker = Throughput(_model(), seq_len=32, tokens_per_step=64, device="cpu", window=1, peak=1e6)
+    assert tracker.update(64 * FLOPS_PER_TOKEN / 2e6)["mfu"] == pytest.approx(2.0) and tracker.peak == 1e6

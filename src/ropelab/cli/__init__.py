@@ -1,7 +1,9 @@
 """Command line: a thin layer over library functions. Each module of this package owns the table
 of its commands (`COMMANDS`); `ropelab.cli.COMMANDS` is their concatenation, in help order.
 
-Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2.
+Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2. A run
+or study stopped by SIGTERM or SIGUSR1 exits with 75 (EX_TEMPFAIL), by Ctrl-C with 130, after one
+line saying how to continue (`ropelab.train.stop`).
 Handlers import the library functions they call when they run, so that `ropelab --help` and the
 argument checks start without importing torch and every feature.
 """
@@ -9,12 +11,16 @@ argument checks start without importing torch and every feature.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+from pathlib import Path
 
 from ropelab.cli import claims, convert, data, evaluate, interchange, probe, study, train
 from ropelab.cli.common import OVERRIDES_HELP, Command
 from ropelab.config import ConfigError
 from ropelab.errors import TrainingDiverged, WriteFailed
+from ropelab.train.stop import StoppedBySignal, exit_code
 
 COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *convert.COMMANDS,
                            *evaluate.COMMANDS, *data.COMMANDS, *probe.COMMANDS, *claims.COMMANDS]
@@ -56,11 +62,26 @@ def main(argv: list[str] | None = None) -> int:
     except WriteFailed as exc:
         print(f"ropelab: stopped: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        out = getattr(args, "out", None)
-        hint = f"; resume with: ropelab {args.command} --out {out} --resume" if out else ""
-        print(f"ropelab: interrupted{hint}", file=sys.stderr)
-        return 130
+    except StoppedBySignal as stopped:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 speaks for every rank
+            print(f"ropelab: {stopped}", file=sys.stderr)
+        return stopped.exit_code
+    except KeyboardInterrupt as exc:
+        # a second Ctrl-C, or SIGTERM while a trainer prepares its tokens (KeyboardInterrupt("SIGTERM"))
+        signum = signal.Signals.__members__.get(str(exc), signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
+        print(f"ropelab: {what}{_how_to_continue(args)}", file=sys.stderr)
+        return exit_code(signum)
+
+
+def _how_to_continue(args: argparse.Namespace) -> str:
+    if args.command in ("study", "claims"):
+        return "; re-run the same command to continue (finished runs are kept)"
+    if not hasattr(args, "resume") or getattr(args, "cache", False):
+        return ""
+    if (Path(args.out) / "config.yaml").is_file():
+        return f"; resume with: ropelab {args.command} --out {args.out} --resume"
+    return "; nothing was trained yet: run the same command again"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ropelab.cli.common import Command, positive_int
+from ropelab.files import output_folder
 
 
 def _add_claims(p: argparse.ArgumentParser) -> None:
@@ -42,12 +43,16 @@ def _print_plan(rows: list[dict], jobs: int) -> None:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
-    from ropelab.claims.runner import plan_claims, run_claims
+    from ropelab.claims.report import FIGURES
+    from ropelab.claims.runner import CLAIMS, plan_claims, run_claims
 
     only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
     if args.dry_run:
         _print_plan(plan_claims(only, args.jobs, args.configs), args.jobs)
         return 0
+    studies = sorted({stem for claim in CLAIMS for stem in claim.studies})  # one folder each
+    output_folder(args.out, "ropelab claims", ("claims.html", "claims.md", "claims.json", FIGURES, "timings.json",
+                                               ".*.partial", *studies))
     outcome = run_claims(only, args.out, args.jobs, live=not args.no_live, configs=args.configs)
     for claim_id, finding in outcome["findings"].items():
         print(f"{claim_id}: {finding.verdict.outcome}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
 from ropelab.config import MODEL_PRESETS, ConfigError, RunConfig, load_yaml
@@ -29,7 +30,8 @@ rope fraction rule: rotary_dims = 2*floor(fraction*head_dim/2), at least 2 for a
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML run config (keys as in the overrides below)")
     p.add_argument("--preset", help=f"model preset: {', '.join(MODEL_PRESETS)}")
-    p.add_argument("--out", default="runs/default", help="run directory (default: runs/default)")
+    p.add_argument("--out", default="runs/default", help="run directory: new or empty, or a run to --resume "
+                                                          "(default: runs/default)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--from-checkpoint", metavar="STEP|DIR", help="with --resume: continue from this checkpoint instead")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
@@ -109,8 +111,11 @@ def token_counts(text: str) -> list[int]:
 
 
 def numbers(text: str) -> list[float]:
-    """argparse type: "0,0.25,1" -> [0.0, 0.25, 1.0]."""
+    """argparse type: "0,0.25,1" -> [0.0, 0.25, 1.0]; nan and infinities are refused."""
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
+        values = [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0,0.5,1") from None
+        values = [math.nan]
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated finite numbers, e.g. 0,0.5,1")
+    return values

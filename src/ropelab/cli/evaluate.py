@@ -6,6 +6,7 @@ import argparse
 
 from ropelab.cli.common import Command, add_config_argument, command_group, numbers, options_with_config, token_counts
 from ropelab.config import ConfigError
+from ropelab.files import output_folder
 
 
 def _add_eval_lm(p: argparse.ArgumentParser) -> None:
@@ -13,7 +14,7 @@ def _add_eval_lm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default="paper",
                    help="`paper` (the seed's suite: arc_easy, arc_challenge, logiqa, lambada_openai, piqa, sciq, "
                         "winogrande, wsc273, pubmedqa) or comma-separated lm-eval task names (default: paper)")
-    p.add_argument("--out", dest="out_dir", required=True, help="folder for results.json, results.md, lambada_ppl_vs_fraction.png")
+    p.add_argument("--out", dest="out_dir", required=True, help="new (or empty) folder for results.json, results.md, lambada_ppl_vs_fraction.png")
     p.add_argument("--limit", type=float, help="at most N examples per task (a fraction if < 1); for quick checks only")
     p.add_argument("--include-path", help="folder of extra lm-eval task YAMLs")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
@@ -23,6 +24,7 @@ def _add_eval_lm(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval_lm(args: argparse.Namespace) -> int:
+    output_folder(args.out_dir, "ropelab eval lm")
     try:
         from ropelab.evaluate.lm_eval import evaluate_lm
     except ImportError as exc:
@@ -39,7 +41,7 @@ def _add_sources(p: argparse.ArgumentParser, files: str) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="model sources: runs, <run>/checkpoints/step_N, imported or HF "
                                                            "folders, .gguf files, smollm2-135m")
     add_config_argument(p)
-    p.add_argument("--out", dest="out_dir", required=True, help=f"folder for {files} (not one holding earlier ones)")
+    p.add_argument("--out", dest="out_dir", required=True, help=f"new (or empty) folder for {files}")
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
@@ -49,6 +51,7 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 def _evaluate_sources(args: argparse.Namespace, names: tuple[str, ...], evaluate, table: str) -> int:
     """The options of the command line and --config into the library call; prints the `table` file."""
+    output_folder(args.out_dir, f"ropelab eval {args.eval_command}")
     options = options_with_config(args, names, "runs")
     runs = options.pop("runs")
     results = evaluate(runs, args.out_dir, progress=not args.no_progress, **options)

@@ -7,6 +7,9 @@ import json
 
 from ropelab.cli.common import Command, numbers, positive_int, token_counts
 from ropelab.config import ConfigError, MODEL_PRESETS
+from ropelab.files import output_folder
+
+REPORT_FILES = ("summary.csv", "summary.json", "loss_curves.png", "final_loss.png", "report.md", "report.html")
 
 
 def _add_study(p: argparse.ArgumentParser) -> None:
@@ -37,7 +40,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ropelab.study.pipeline import run_and_report
     from ropelab.train.stop import EX_TEMPFAIL
 
-    outcome = run_and_report(study, args.out, jobs=args.jobs or default_jobs(), live=not args.no_live)
+    out = output_folder(args.out, "ropelab study", own=None)
+    if not (out / "study.yaml").is_file():  # not a study yet (one is continued, see `ropelab.study.runner`)
+        output_folder(out, "ropelab study")
+    outcome = run_and_report(study, out, jobs=args.jobs or default_jobs(), live=not args.no_live)
     statuses, paths = outcome["statuses"], outcome["report"]
     failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
     interrupted = [k for k, v in statuses.items() if v == "interrupted"]
@@ -59,6 +65,8 @@ def _add_report(p: argparse.ArgumentParser) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from ropelab.study.report import write_report
 
+    if args.out is not None:  # a report rebuilt there before may be replaced, nothing else
+        output_folder(args.out, "ropelab report", REPORT_FILES)
     paths = write_report(args.study_dir, target=args.target, out_dir=args.out)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
@@ -76,7 +84,6 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
 
 def cmd_memory(args: argparse.Namespace) -> int:
     import csv
-    from pathlib import Path
 
     from rich.console import Console
     from rich.table import Table
@@ -85,6 +92,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from ropelab.study.memory import DEFAULT_FRACTIONS, kept_pairs_of, memory_table, parse_entry, per_head_angles
     from ropelab.study.memory import plot_memory
 
+    out = None if args.out is None else output_folder(args.out, "ropelab memory", ("memory.csv", "memory.png"))
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     for name in presets:
         if name not in MODEL_PRESETS:
@@ -111,8 +119,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             print(f"  {name}: " + ", ".join(f"R={keep}: {per_head_angles(config, keep)} angles, "
                                              f"{8 * per_head_angles(config, keep)} bytes per token per layer"
                                              for keep in plans))
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "memory.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -173,8 +180,8 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
 def cmd_fit(args: argparse.Namespace) -> int:
     from ropelab.study.frontier_report import frontier_sections, write_fit
 
-    if args.out:
-        paths = write_fit(args.study_dir, args.out)
+    if args.out is not None:
+        paths = write_fit(args.study_dir, output_folder(args.out, "ropelab fit"))
         print(paths["fit.md"].read_text())
         print(f"written: {', '.join(str(p) for p in paths.values())}")
         return 0

@@ -8,19 +8,23 @@ import os
 
 from ropelab.cli.common import OVERRIDES_HELP, Command, add_run_arguments, run_config_from_args
 from ropelab.config import ConfigError, MODEL_PRESETS, build_run_config
+from ropelab.files import output_folder
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     import ropelab.distill  # noqa: F401 - registers the KD objective for configs with a distill section
     from ropelab.train.loop import train
+    from ropelab.train.run_folder import check_new_run_folder
 
     if args.resume:
         if args.config or args.preset or args.overrides:
             raise ConfigError("--resume continues the run with its saved config.yaml; drop --config/--preset/overrides")
+        output_folder(args.out, "ropelab train", own=None)
         result = train(out_dir=args.out, resume=True, from_checkpoint=args.from_checkpoint)
     elif args.from_checkpoint:
         raise ConfigError("--from-checkpoint needs --resume")
     else:
+        check_new_run_folder(args.out)  # before the config: a source named by train.init_from may take long to read
         result = train(run_config_from_args(args), out_dir=args.out)
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
         return 0
@@ -95,8 +99,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
         return _distill_cache(args)
     if args.dry_run or args.steps is not None or args.dtype:
         raise ConfigError("--dry-run, --steps and --dtype go with --cache")
-    args.out = args.out or "runs/default"
+    args.out = "runs/default" if args.out is None else args.out
     if not args.resume:
+        from ropelab.train.run_folder import check_new_run_folder
+
+        check_new_run_folder(args.out)  # before the teacher is loaded
         config = run_config_from_args(args)
         if config.distill is None:
             raise ConfigError("distill: no distill section; set distill.teacher=... (plain training: `ropelab train`)")
@@ -116,8 +123,10 @@ def _distill_cache(args: argparse.Namespace) -> int:
 
     if args.resume or args.from_checkpoint:
         raise ConfigError("--cache writes a new folder; --resume and --from-checkpoint go with training")
-    if not args.out and not args.dry_run:
+    if args.out is None and not args.dry_run:
         raise ConfigError("--out: required with --cache (a new folder for the teacher logits)")
+    if not args.dry_run:
+        output_folder(args.out, "ropelab distill --cache")
     size = cache_teacher_logits(run_config_from_args(args), args.out, steps=args.steps, dry_run=args.dry_run,
                                 dtype=args.dtype or "fp16")
     if not args.dry_run:

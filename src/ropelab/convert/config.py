@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ropelab.config import ConfigError, from_dict, parse_override, set_dotted
+from ropelab.config_checks import SEED_MAX, TOKENS_MAX, check_ints
 from ropelab.rope_pairs import STRATEGIES
 
 
@@ -63,11 +64,10 @@ class ConvertConfig:
         elif isinstance(plan.keep_pairs, bool) or not 0 <= plan.keep_pairs <= n_pairs:
             raise ConfigError(f"rope.keep_pairs={plan.keep_pairs}: must be an integer in 0..{n_pairs} "
                               f"(head_dim {head_dim} has {n_pairs} pairs)")
-        for section in (self.calibration, self.eval):
-            name = "calibration" if section is self.calibration else "eval"
-            for key in ("tokens", "seq_len") + (("micro_batch",) if section is self.eval else ()):
-                if getattr(section, key) <= 0:
-                    raise ConfigError(f"{name}.{key}={getattr(section, key)}: must be > 0")
+        for name, section in (("calibration", self.calibration), ("eval", self.eval)):
+            check_ints(name, section, ("tokens",), high=TOKENS_MAX)
+            check_ints(name, section, ("seq_len", "micro_batch") if section is self.eval else ("seq_len",))
+        check_ints("calibration", self.calibration, ("seed",), low=0, high=SEED_MAX)
 
 
 def convert_config(tree: Optional[dict] = None, overrides=()) -> ConvertConfig:

@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
 from ropelab.evaluate.extrapolation import make_settings
+from ropelab.files import check_folder_name
 from ropelab.sources.init import run_config
 from ropelab.study.frontier import FrontierRun, frontier_runs, parse_frontier
 from ropelab.train.phases import resolve_phases
@@ -101,7 +102,7 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
     runs, seen = [], set()
     keys = list(study.grid)
     frontier = parse_frontier(study.frontier) if study.frontier is not None else None
-    for variant in variants:
+    for index, variant in enumerate(variants):
         if not isinstance(variant, dict):
             raise ConfigError(f"variants: each entry must be a mapping, got {variant!r}")
         variant = dict(variant)
@@ -110,7 +111,7 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
             overrides = {**variant, **dict(zip(keys, values))}
             parts = [name] if name else []
             parts += [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in zip(keys, values)]
-            run_id = "-".join(parts) or "run"
+            run_id = check_folder_name("-".join(parts) or "run", f"variants[{index}]: run id")
             tree = copy.deepcopy(study.base)
             for key, value in overrides.items():
                 set_dotted(tree, key, value)

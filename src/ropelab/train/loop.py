@@ -1,6 +1,7 @@
 """The training loop: one process or a `torchrun` job (DDP or FSDP2), gradient accumulation,
-bf16 autocast, phases, periodic validation, crash-safe checkpoints, exact resume, and
-non-finite / spiking steps skipped before they touch the weights.
+bf16 autocast, phases, periodic validation, crash-safe checkpoints, exact resume, a checkpoint
+and a clean stop on SIGTERM, SIGUSR1 or Ctrl-C (`ropelab.train.stop`), and non-finite / spiking
+steps skipped before they touch the weights.
 
 What a run directory holds is `ropelab.sources.runs`. The loss is an objective
 (`ropelab.train.objectives`): cross-entropy, or one a feature registered for its config section
@@ -12,10 +13,8 @@ from __future__ import annotations
 import copy
 import errno
 import math
-import signal
 import statistics
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from ropelab.sources.init import check_init, initial_weights
 from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.branch import BranchPoint, branch_point
+from ropelab.train.run_folder import check_new_run_folder
 from ropelab.train.lock import RunLock
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
@@ -43,6 +43,7 @@ from ropelab.train.metrics import MetricsLog, read_metrics
 from ropelab.train.objectives import Objective, build_objective
 from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
 from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases
+from ropelab.train.stop import StoppedBySignal, StopSignals, signal_name
 from ropelab.train.throughput import Throughput
 
 Callback = Callable[[dict], None]
@@ -164,29 +165,6 @@ class _SkipGuard:
         return self.consecutive >= self.max_bad
 
 
-class _GracefulStop:
-    """The first Ctrl-C (SIGINT) asks the loop to stop after the step in progress, with a checkpoint
-    (every rank stops at the same step); a second one interrupts at once, saving nothing."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def requested_on_any_rank(self, env: DistEnv, device: torch.device) -> bool:
-        return not env.all_true(not self.requested, device)
-
-    def close(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-
 def train(
     config: Optional[RunConfig] = None,
     out_dir: str | Path = "runs/default",
@@ -212,10 +190,12 @@ def train(
             check_init(config)
         if config.train.branch_from:
             branch = branch_point(config)
+        check_new_run_folder(run_dir)  # before RunLock makes the folder and its .lock
+    stop = StopSignals()  # from here on a stop signal waits for the loop's next step boundary (`ropelab.train.stop`)
     lock = None
     try:
         lock = RunLock(run_dir).acquire() if env.is_main else None  # inside: a full disk fails in one line
-        return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device, branch)
+        return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device, stop, branch)
     except OSError as exc:
         if exc.errno not in _STORAGE_ERRORS:
             raise
@@ -223,13 +203,14 @@ def train(
         kept = f"the newest complete checkpoint is {latest}" if latest else "no checkpoint was written"
         raise WriteFailed(f"{run_dir}: {one_line(exc)}; {kept}; resume with --resume once there is room") from None
     finally:
+        stop.close()
         if lock is not None:
             lock.release()
         if started_group:
             shutdown_distributed()
 
 
-def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device,
+def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: DistEnv, device, stop: StopSignals,
            branch: Optional[BranchPoint] = None) -> TrainResult:
     config_path = run_dir / CONFIG
     tc = config.train
@@ -246,8 +227,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
         latest = _resume_checkpoint(run_dir, from_checkpoint, tc.verify_checkpoints, env)
-    elif config_path.exists() or (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"{run_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    else:
+        check_new_run_folder(run_dir, locked_here=True)
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
 
     phases = resolve_phases(config, env.world)
@@ -351,13 +332,12 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                                                      keep_for_good=at_step in tc.checkpoint_steps)
 
     progress = _progress(tc.progress and env.is_main)
-    stop = _GracefulStop()
     phase = phase_at(phases, step)
     try:
         with progress:
             task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=
                                      f"{summary['params'] / 1e6:.1f}M params, rotary {summary['rotary_dims']}/{summary['head_dim']}")
-            if tc.init_from and start_step == 0:  # where the source's weights start: the curve's first point
+            if tc.init_from and start_step == 0 and latest is None:  # where the source's weights start: the curve's first point
                 pc = phases[0].config
                 model.set_rope_theta(pc.model.rope.theta)
                 model.set_rope_scaling(pc.model)
@@ -368,6 +348,10 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                     save(0, phases[0])
             while step < phases[-1].end:
                 phase = phase_at(phases, step)
+                if stop.requested_on_any_rank(env, device):  # before the first step too: a stop always leaves a checkpoint
+                    if guard.consecutive == 0 and ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
+                        save(step, phase)
+                    raise _stopped(stop.signum, step, run_dir)
                 pc = phase.config
                 ptc = pc.train
                 if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
@@ -438,12 +422,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
                 progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}"
                                 f"{val_text} {row['tokens_per_s']:,.0f} tok/s{mfu_text}")
-                if stop.requested_on_any_rank(env, device):
-                    if ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step) and guard.consecutive == 0:
-                        save(step, phase)
-                    raise KeyboardInterrupt
     finally:
-        stop.close()
         if metrics:
             metrics.close()
 
@@ -459,12 +438,18 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     return result
 
 
-def _resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> Path:
-    """The checkpoint a resume starts from, verified: `requested` (a step or a folder), refused when
-    damaged; else the newest intact one, saying in one line per damaged newer checkpoint that it
-    was passed over."""
+def _resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> Optional[Path]:
+    """The checkpoint a resume starts from, verified: `requested` (a step, or a folder of the run's own
+    checkpoints: another run's weights start a new run, `train.init_from`), refused when damaged; else
+    the newest intact one, saying in one line per damaged newer checkpoint that it was passed over;
+    None for a run killed before its first checkpoint (it starts again from step 0 with its config.yaml)."""
     if requested is not None:
         path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
+        if path.resolve().parent != ckpt.checkpoint_dir(run_dir).resolve():
+            raise ConfigError(f"--from-checkpoint {requested}: not a checkpoint of {run_dir} (a step number or a "
+                              f"folder in {ckpt.checkpoint_dir(run_dir)}); to start a new run from another run's "
+                              f"weights, train into a new --out with train.init_from={requested} (or "
+                              f"train.branch_from={requested} to continue its whole training state)")
         if not path.is_dir():
             raise ConfigError(f"{path}: requested checkpoint does not exist")
         ckpt.verify_checkpoint(path, verify, env=env)  # DamagedCheckpoint: one line naming the file
@@ -473,9 +458,19 @@ def _resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> P
     latest, damaged = ckpt.latest_intact_checkpoint(run_dir, verify, env)
     for folder, why in damaged if env.is_main else ():
         print(f"{folder}: damaged ({why}); falling back to {latest.name if latest else 'nothing'}", file=sys.stderr)
-    if latest is None:
-        raise ConfigError(f"{run_dir}: no intact checkpoint to resume from" + (" (every one is damaged)" if damaged else ""))
+    if latest is None and damaged:
+        raise ConfigError(f"{run_dir}: no intact checkpoint to resume from (every one is damaged)")
+    if latest is None and env.is_main:
+        print(f"{run_dir}: stopped before its first checkpoint; starting again from step 0 with its {CONFIG}",
+              file=sys.stderr)
     return latest
+
+
+def _stopped(signum, step: int, run_dir: Path) -> StoppedBySignal:
+    latest = ckpt.latest_checkpoint(run_dir)
+    kept = f"checkpoint {latest}" if latest else "no checkpoint (every step so far was skipped)"
+    return StoppedBySignal(signum, f"{run_dir}: stopped by {signal_name(signum)} at step {step}, {kept}; "
+                                   f"resume with: ropelab train --out {run_dir} --resume")
 
 
 def _tokens_seen(phases: list[Phase], step: int) -> int:

@@ -1,0 +1,54 @@
+"""The checks of a command's --out folder and of folder names taken from configs."""
+
+import pytest
+
+from ropelab.config import ConfigError
+from ropelab.files import check_folder_name, output_folder, refuse_existing
+
+OWN = ("result.json", "logs", "checkpoints/.tmp_*")
+
+
+def test_a_new_or_empty_folder_or_one_holding_only_own_entries_is_taken(tmp_path):
+    assert output_folder(tmp_path / "new" / "deeper", "w", OWN) == tmp_path / "new" / "deeper"
+    (tmp_path / "out" / "checkpoints" / ".tmp_1").mkdir(parents=True)
+    (tmp_path / "out" / "logs").mkdir()
+    (tmp_path / "out" / "logs" / "anything").write_text("")
+    (tmp_path / "out" / "result.json").write_text("{}")
+    assert output_folder(tmp_path / "out", "w", OWN) == tmp_path / "out"
+
+
+@pytest.mark.parametrize("entry, named", [("notes.txt", "notes.txt"), ("checkpoints/step_1", "checkpoints/step_1"),
+                                          ("result.json.bak", "result.json.bak")])
+def test_a_folder_holding_anything_else_is_refused(tmp_path, entry, named):
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / entry).write_text("")
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: holds {named}, which w did not write; choose a new or empty"):
+        output_folder(tmp_path, "w", OWN)
+    output_folder(tmp_path, "w", own=None)  # the writer checks the contents itself
+
+
+def test_empty_text_and_files_are_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match="^--out '': empty; give the folder w writes into$"):
+        output_folder("", "w")
+    with pytest.raises(ConfigError, match=f"^{tmp_path}/f: is not a folder"):
+        output_folder(tmp_path / "f", "w", own=None)
+    with pytest.raises(ConfigError, match=f"^{tmp_path}/f/a/b: goes through {tmp_path}/f, which is not a folder"):
+        output_folder(tmp_path / "f" / "a" / "b", "w")
+
+
+def test_refuse_existing_takes_only_new_or_empty_folders(tmp_path):
+    assert refuse_existing(tmp_path) == tmp_path
+    (tmp_path / "x").write_text("")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        refuse_existing(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "../x", ".hidden", "", "a b", "/abs"])
+def test_folder_names_are_one_plain_component(name):
+    with pytest.raises(ConfigError, match="^variants\\[0\\].name=.*: names a folder"):
+        check_folder_name(name, "variants[0].name")
+
+
+def test_plain_folder_names_pass():
+    assert check_folder_name("nope-seed1.5_x+y", "k") == "nope-seed1.5_x+y"
