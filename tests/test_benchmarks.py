@@ -49,3 +49,11 @@ def test_train_benchmark_compares_with_hf_and_reports_mfu():
     for result in results.values():
         assert result["tokens_per_s"] > 0 and 0 < result["mfu"]
     assert record["ratios"]["tiny-llama/fp32"] > 0
+
+
+def test_tiny_shapes_benchmark_reports_every_setting_per_round():
+    record = _run("tiny_shapes.py", "--steps", "22", "--rounds", "1", "--settings", "train.micro_batch=2",
+                  "train.micro_batch=2 train.grad_accum=2")
+    (round_results,) = record["rounds"]
+    assert [r["setting"] for r in round_results] == ["train.micro_batch=2", "train.micro_batch=2 train.grad_accum=2"]
+    assert all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in round_results)
