@@ -81,6 +81,36 @@ def test_ropelab_teacher_from_run_and_checkpoint(make_ropelab_teacher, student_c
         assert teacher.targets(ids, pos).hidden.dtype == torch.float32
 
 
+def test_ropelab_export_teaches_with_ropelab_classes(tmp_path, bpe_file, student_config):
+    """A folder ropelab exported with its own modeling code (partial RoPE: no native class) is read as a
+    ropelab model: no trust_remote_code, none of its shipped code run, the run's logits."""
+    from ropelab.config import build_run_config
+    from ropelab.export.hf import export_hf
+    from ropelab.model import Transformer
+    from ropelab.sources import load
+    from ropelab.sources.imported import save_weights_only
+
+    config = build_run_config(overrides=["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64",
+                                         "model.vocab_size=320", f"data.tokenizer={bpe_file}", "data.seq_len=16",
+                                         "model.rope.fraction=0.5"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(config.to_yaml())
+    torch.manual_seed(0)
+    save_weights_only(run, 3, Transformer(config.model), config)
+    folder = tmp_path / "hf"
+    assert export_hf(run, folder)["route"] == "remote_code"
+    (folder / "modeling_ropelab.py").write_text("raise SystemExit('the shipped modeling code ran')\n")
+
+    teacher = load_teacher(student_config(f"data.tokenizer={bpe_file}", f"distill.teacher={folder}"))
+    assert teacher.info.source.kind == "export" and teacher.weight.shape[0] == 300
+    ids, pos = _ids(300)
+    with torch.no_grad():
+        expected = load(run).model(ids, position_ids=pos)[0][..., :300]
+    got = teacher.targets(ids, pos).logits(torch.arange(ids.numel())).view(2, 12, 300)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_tokenizer_mismatch_is_refused(make_hf_teacher, make_ropelab_teacher, bpe_file, student_config):
     hf = make_hf_teacher(320, bpe_file)
     with pytest.raises(ConfigError, match=r"tokenizer .*300 tokens.* not the student's data.tokenizer='bytes' \(259"):
@@ -109,7 +139,7 @@ def test_missing_teacher_and_bad_settings_fail_before_work(tmp_path, make_ropela
     run = make_ropelab_teacher()
     with pytest.raises(ConfigError, match=r"distill.top_k=260: larger than the vocabulary \(259 tokens\)"):
         check_teacher(student_config(f"distill.teacher={run}", "distill.top_k=260"))
-    with pytest.raises(ConfigError, match="distill.temperature=0.0: must be a finite number > 0"):
+    with pytest.raises(ConfigError, match=r"distill.temperature=0.0: must be in \[0.01, 100\]"):
         student_config(f"distill.teacher={run}", "distill.temperature=0")
     with pytest.raises(ConfigError, match="distill.teacher: required"):
         student_config("distill.alpha=0.5")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from ropelab.cli.common import Command, command_group
+from ropelab.files import output_folder
+from ropelab.train.stop import exit_code
 
 
 def _add_data_prepare(p: argparse.ArgumentParser) -> None:
@@ -25,6 +28,8 @@ def _add_data_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bos", action="store_true", help="prepend BOS to every document (EOS is always appended)")
     p.add_argument("--encoding-errors", default="strict", choices=["strict", "replace", "ignore"], help="undecodable bytes in .txt/json files (default: strict = error)")
     p.add_argument("--workers", type=int, help="tokenizer processes (default: one per CPU core)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run Python code shipped with an HF tokenizer (off: such a tokenizer is refused)")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
 
 
@@ -33,15 +38,18 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     from ropelab.data.sources import Source
     from ropelab.data.tokenizer import load_tokenizer
 
+    output_folder(args.out_dir, "ropelab data prepare", own=None)  # `prepare` checks what the folder holds
     source = Source(args.source, args.hf_config, args.split, args.text_field, args.encoding_errors)
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code)
     try:
         manifest = prepare(source, tokenizer, args.out_dir, val_percent=args.val_percent, max_documents=args.max_documents,
                            max_tokens=args.max_tokens, shard_tokens=args.shard_tokens, bos=args.bos, workers=args.workers,
                            progress=not args.no_progress)
-    except KeyboardInterrupt:
-        print(f"ropelab: interrupted; completed shards are kept in {args.out_dir}: re-run the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM (`prepare` raises it with the signal's name)
+        terminated = stop.args == ("SIGTERM",)
+        how = "stopped by SIGTERM" if terminated else "interrupted"
+        print(f"ropelab: {how}; completed shards are kept in {args.out_dir}: re-run the same command to resume", file=sys.stderr)
+        return exit_code(signal.SIGTERM if terminated else signal.SIGINT)  # 75 or 130, as train and study
     for split, info in manifest["splits"].items():
         print(f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens in {len(info['shards'])} shard(s)")
     print(f"tokenizer {manifest['tokenizer']} ({manifest['vocab_size']:,} tokens, {manifest['dtype']}) -> {args.out_dir}")
@@ -63,7 +71,7 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     manifest = read_manifest(folder)
     check_sizes(folder, manifest)
-    verify_checksums(folder, manifest, remember=True, progress=not args.no_progress)
+    verify_checksums(folder, manifest, remember=True, progress=not args.no_progress)  # always hashes
     shards = sum(len(info["shards"]) for info in manifest["splits"].values())
     print(f"{args.folder}: {shards} shard(s) match their sha256 checksums; tokenizer {manifest['tokenizer']} matches")
     return 0

@@ -19,7 +19,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     info = export_hf(args.source, args.out_dir)
     print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
     if info.get("route") == "remote_code":
-        print(f"no native transformers class ({info['why']}): modeling code shipped; load with trust_remote_code=True")
+        print(f"no native transformers class ({info['why']}): modeling code shipped; load with trust_remote_code=True "
+              "(ropelab's own commands read it without)")
     print(f"files: {', '.join(info['files'])}")
     print(f"tokenizer: {info['tokenizer']}")
     return 0
@@ -28,13 +29,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _add_import(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="a Hugging Face hub name or model folder, a .gguf file, or a built-in name such as smollm2-135m (Llama, Qwen2, Qwen3, GPT-NeoX)")
     p.add_argument("--out", dest="out_dir", help="new ropelab folder, must not exist or be empty (default: runs/<model name>)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run Python code shipped with the model, its config or its tokenizer "
+                        "(off: such a model is refused; folders ropelab exported need no flag)")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ropelab.sources import import_model
 
-    out_dir = args.out_dir or f"runs/{Path(args.source.rstrip('/')).stem}"
-    info = import_model(args.source, out_dir)
+    out_dir = f"runs/{Path(args.source.rstrip('/')).stem}" if args.out_dir is None else args.out_dir
+    info = import_model(args.source, out_dir, trust_remote_code=args.trust_remote_code)
     print(f"imported {info['source']} ({info['architecture']}, {info['params']:,} params) -> {info['out_dir']}")
     print(f"wrote config.yaml, {info['checkpoint']}, import.json; tokenizer: {info['tokenizer']}")
     return 0

@@ -60,7 +60,7 @@ def open_token_folder(folder: Path, verify: str = "once") -> dict:
     manifest = read_manifest(folder)
     check_sizes(folder, manifest)
     if verify != "sizes":
-        verify_checksums(folder, manifest, remember=verify == "once")
+        verify_checksums(folder, manifest, reuse=verify == "once", remember=verify == "once")
     return manifest
 
 

@@ -2,14 +2,20 @@
 
 The main process reads documents in order and hands batches of them to worker processes that
 tokenize them (EOS appended, BOS prepended on request) and decide their split; results come back
-in submission order, so the output does not depend on the number of workers.
+in submission order, so the output does not depend on the number of workers (`ropelab.data.encoding`).
 
 Resuming. After each completed shard, `progress.json` records the shard and the state of the run
 at that point: the source position just past the shard's last document and the running totals.
 A re-run with the same settings keeps the recorded shards, restarts the source at the earliest
 position some split still needs, re-tokenizes from there (documents already in a recorded shard
 are counted, not written again) and so produces the same bytes as a run never interrupted.
-`manifest.json` is written last; until then the folder is not usable as data.
+`manifest.json` is written last; until then the folder is not usable as data. A resume is refused
+when a source file changed size or modification time since the preparation began.
+
+Stopping. SIGINT and SIGTERM raise KeyboardInterrupt (its argument: the signal's name) in the main
+process, which ends the worker pool (workers die quietly) and keeps every recorded shard; while a
+batch's shards and progress are being written, the signal waits for the end of the batch, so no
+write is cut in the middle.
 """
 
 from __future__ import annotations
@@ -18,120 +24,65 @@ import contextlib
 import errno
 import fcntl
 import json
-import multiprocessing
 import os
 import signal
+import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.data.corpus import in_validation
+from ropelab.data.encoding import Encoder, batches_of, encoded_batches
 from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
 from ropelab.errors import WriteFailed, one_line
 
 DEFAULT_SHARD_TOKENS = 2**28
-BATCH_CHARS = 1 << 18
-BATCH_DOCUMENTS = 1024
 PROGRESS = "progress.json"
 # a full disk or quota, a read-only or failing file system: one line (WriteFailed), the completed shards kept
 _STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
-@dataclass
-class Encoder:
-    """Turns a batch of (key, text) into (token ids, in validation) or None for an empty document."""
+class _StopSignals:
+    """SIGINT and SIGTERM as KeyboardInterrupt(signal name) in the main thread, raised at once, or at
+    the end of a `writing()` block when they arrive in one (raised inside numpy's np.save, the
+    exception turns into a TypeError and a traceback). A signal that was ignored stays ignored."""
 
-    tokenizer: Tokenizer
-    val_percent: float
-    bos: bool
-    encoding_errors: str
+    def __init__(self) -> None:
+        self._writing = False
+        self._pending: Optional[str] = None
 
-    def __call__(self, batch: list[tuple[Optional[str], Optional[str]]]) -> list[Optional[tuple[np.ndarray, bool]]]:
-        kept = [(key, text) for key, text in batch if text and text.strip()]
-        texts = [text for _, text in kept]
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self._writing:
+            raise KeyboardInterrupt(name)
+        self._pending = name
+
+    @contextlib.contextmanager
+    def installed(self):
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # only there can handlers be set
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    previous[sig] = signal.signal(sig, self._handle)
         try:
-            encoded = iter(self.tokenizer.encode_batch(texts))
-        except UnicodeEncodeError:  # lone surrogates, e.g. from JSON "\ud800" escapes
-            if self.encoding_errors == "strict":
-                raise ConfigError("a document holds invalid Unicode (lone surrogates); pass --encoding-errors replace") from None
-            texts = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
-            encoded = iter(self.tokenizer.encode_batch(texts))
-        dtype = token_dtype(self.tokenizer.vocab_size)
-        head = int(self.bos)
-        out = []
-        for key, text in batch:
-            if not (text and text.strip()):
-                out.append(None)
-                continue
-            body = next(encoded)
-            ids = np.empty(head + len(body) + 1, dtype=dtype)
-            ids[head:-1] = body
-            ids[-1] = self.tokenizer.eos_id
-            if head:
-                ids[0] = self.tokenizer.bos_id
-            out.append((ids, in_validation(text if key is None else key, self.val_percent)))
-        return out
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-
-_worker_encoder: Optional[Encoder] = None
-
-
-def _init_worker(encoder: Encoder) -> None:
-    global _worker_encoder
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and ends the pool
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker_encoder = encoder
-
-
-def _encode_in_worker(batch):
-    return _worker_encoder(batch)
-
-
-def _batches(documents: Iterator, chars: int = BATCH_CHARS, most: int = BATCH_DOCUMENTS) -> Iterator[list]:
-    """Batches of about `chars` characters (at most `most` documents), so workers get even shares."""
-    batch, size = [], 0
-    for item in documents:
-        batch.append(item)
-        size += len(item[1] or "")
-        if size >= chars or len(batch) == most:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def encoded_batches(encoder: Encoder, batches: Iterator[list], workers: int) -> Iterator[list]:
-    """Encoded batches in input order; with workers > 1 at most 2 per worker are in flight."""
-    if workers <= 1:
-        yield from map(encoder, batches)
-        return
-    # fork where the platform has it: spawn would re-run a user's unguarded script in every worker
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    # a tokenizer that already used its thread pool warns in every forked child unless this is set
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        pool = multiprocessing.get_context(method).Pool(workers, _init_worker, (encoder,))
-    finally:
-        if previous is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
-    with pool:
-        pending: deque = deque()
-        for batch in batches:
-            pending.append(pool.apply_async(_encode_in_worker, (batch,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    @contextlib.contextmanager
+    def writing(self):
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+        if self._pending is not None:
+            raise KeyboardInterrupt(self._pending)
 
 
 def _progress(enabled: bool, total: Optional[int]):
@@ -196,7 +147,7 @@ def prepare(
             if manifest["settings"] != settings:
                 raise ConfigError(f"--out {folder}: already holds data prepared with other settings ({_first_difference(settings, manifest['settings'])})")
             return manifest
-        state = _load_progress(folder, settings)
+        state = _load_progress(folder, settings, source)
         try:
             write_json(folder / PROGRESS, state)
             return _run(source, tokenizer, folder, settings, state, workers or os.cpu_count() or 1, progress)
@@ -208,17 +159,43 @@ def prepare(
                               "run the same command again once there is room") from None
 
 
-def _load_progress(folder: Path, settings: dict) -> dict:
+def _load_progress(folder: Path, settings: dict, source: Source) -> dict:
+    """The state of an unfinished preparation in `folder`, or a new one. A resume is refused when the
+    settings differ, or when a source file changed: the recorded shards hold its old text."""
     path = folder / PROGRESS
+    stamps = source.file_stamps()
     if not path.is_file():
-        return {"settings": settings, "splits": {split: [] for split in SPLITS}}
-    state = json.loads(path.read_text())
+        return {"settings": settings, "source_files": stamps, "splits": {split: [] for split in SPLITS}}
+    try:
+        state = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path}: not valid JSON, so the preparation cannot resume; prepare into a new folder") from None
+    changed = _changed_file(state.setdefault("source_files", stamps), stamps)  # none recorded by older versions
+    if changed:
+        raise ConfigError(
+            f"--source {source.spec}: {changed} since the unfinished preparation in {folder} began; its completed "
+            "shards hold the old text: restore the file, or prepare into a new folder (nothing was written)"
+        )
     if state["settings"] != settings:
         raise ConfigError(
             f"--out {folder}: holds an unfinished preparation with other settings ({_first_difference(settings, state['settings'])}); "
             "re-run it with its settings, or choose a new folder"
         )
     return state
+
+
+def _changed_file(before: dict, now: dict) -> str:
+    """The first source file that differs between two `Source.file_stamps`, and how; "" when none."""
+    for path in sorted(set(before) | set(now)):
+        if path not in now:
+            return f"{path} was removed"
+        if path not in before:
+            return f"{path} was added"
+        if now[path][0] != before[path][0]:
+            return f"{path} changed size ({before[path][0]} -> {now[path][0]} bytes)"
+        if now[path][1] != before[path][1]:
+            return f"{path} was modified"
+    return ""
 
 
 def _run(source: Source, tokenizer: Tokenizer, folder: Path, settings: dict, state: dict, workers: int, show: bool) -> dict:
@@ -261,19 +238,23 @@ def _run(source: Source, tokenizer: Tokenizer, folder: Path, settings: dict, sta
     if limit is not None:
         documents = (doc for _, doc in zip(range(limit - restart), documents))
     started, tokens_at_start = time.perf_counter(), totals["tokens"]
-    batches = encoded_batches(encoder, _batches(documents), workers)
-    with _progress(show, limit) as bar, contextlib.closing(batches):
+    batches = encoded_batches(encoder, batches_of(documents), workers)
+    stop = _StopSignals()
+    with stop.installed(), _progress(show, limit) as bar, contextlib.closing(batches):
         task = bar.add_task("prepare", total=limit, completed=restart, status="")
         for batch in batches:
-            if any(add(item) for item in batch):
+            with stop.writing():
+                at_limit = any(add(item) for item in batch)
+            if at_limit:
                 break
             elapsed = max(time.perf_counter() - started, 1e-9)
             bar.update(task, completed=totals["documents_read"], status=(
                 f"{totals['documents']:,} docs {totals['tokens']:,} tokens  "
                 f"{(totals['documents_read'] - restart) / elapsed:,.0f} docs/s {(totals['tokens'] - tokens_at_start) / elapsed:,.0f} tokens/s"))
-    for split in SPLITS:
-        record(split, writers[split].finish())
-    return _write_manifest(folder, tokenizer, settings, state, totals)
+        with stop.writing():
+            for split in SPLITS:
+                record(split, writers[split].finish())
+            return _write_manifest(folder, tokenizer, settings, state, totals)
 
 
 def _write_manifest(folder: Path, tokenizer: Tokenizer, settings: dict, state: dict, totals: dict) -> dict:

@@ -125,6 +125,20 @@ class Source:
             out["text_field"] = self.text_field
         return out
 
+    def file_stamps(self) -> dict[str, list[int]]:
+        """{file: [size, modification time in ns]} of the local files the documents come from (a local
+        dataset folder's, hidden ones such as .git/ left out); empty for the built-in corpora and hub datasets."""
+        root = Path(self.location)
+        if self.kind == "local":
+            files = self.files
+        elif self.kind == "dataset" and root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file() and not any(
+                part.startswith(".") for part in p.relative_to(root).parts))
+        else:
+            files = []
+        stats = {str(p): p.stat() for p in files}
+        return {path: [s.st_size, s.st_mtime_ns] for path, s in stats.items()}
+
     # ------------------------------------------------------------------ reading
 
     def documents(self, skip: int = 0) -> Iterator[tuple[Optional[str], Optional[str]]]:

@@ -8,7 +8,8 @@ Spec strings (``data.tokenizer``):
                          (`ropelab.sources.gguf.BUILTIN_SOURCES`), read from its GGUF file once and
                          cached under ``$ROPELAB_CACHE``: students that share the model's tokenizer;
   * anything else      – an HF tokenizer: a ``tokenizer.json`` file, a local folder, or a hub
-                         name (loaded with `transformers.AutoTokenizer`).
+                         name (loaded with `transformers.AutoTokenizer`; code shipped with it runs
+                         only when the caller passes ``trust_remote_code=True``).
 When the corpus is a prepared token folder made with the same spec, the copy saved in that
 folder is used, so a run always tokenizes the way its data was tokenized.
 """
@@ -23,6 +24,7 @@ from typing import Iterable, Optional, Protocol
 from ropelab.config import ConfigError
 from ropelab.data.sources import BUILTIN_CORPORA, corpus_documents, corpus_key
 from ropelab.data.tokens import read_manifest
+from ropelab.errors import load_failure
 
 
 def cache_dir() -> Path:
@@ -156,8 +158,9 @@ def load_bpe(vocab_size: int, corpus: str, val_percent: float) -> HFTokenizer:
     return HFTokenizer(RustTokenizer.from_file(str(path)), f"bpe:{vocab_size}")
 
 
-def load_hf_tokenizer(spec: str) -> HFTokenizer:
-    """A tokenizer.json file, a folder holding one, or an HF hub name (through transformers)."""
+def load_hf_tokenizer(spec: str, trust_remote_code: bool = False) -> HFTokenizer:
+    """A tokenizer.json file, a folder holding one, or an HF hub name (through transformers, which runs
+    Python code shipped with the tokenizer only with `trust_remote_code`)."""
     from tokenizers import Tokenizer as RustTokenizer
 
     path = Path(spec)
@@ -170,9 +173,9 @@ def load_hf_tokenizer(spec: str) -> HFTokenizer:
     except ImportError:
         raise ConfigError(f"data.tokenizer={spec!r}: not a local file; loading hub tokenizers needs `pip install ropelab[hf]`") from None
     try:
-        hf = AutoTokenizer.from_pretrained(spec)
+        hf = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except Exception as exc:  # network, missing repo, bad folder: one line for the user
-        raise ConfigError(f"data.tokenizer={spec!r}: could not load ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise ConfigError(f"data.tokenizer={spec!r}: could not load ({load_failure(exc, trust_remote_code, 200)})") from None
     if not getattr(hf, "is_fast", False):
         raise ConfigError(f"data.tokenizer={spec!r}: only fast (tokenizers-backed) tokenizers are supported")
     return HFTokenizer(hf.backend_tokenizer, spec, eos=hf.eos_token)
@@ -221,7 +224,7 @@ def prepared_folder_tokenizer(spec: str, corpus: str) -> Optional[Tokenizer]:
     return HFTokenizer(tok, spec, eos=tok.id_to_token(manifest["eos_id"]))
 
 
-def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0) -> Tokenizer:
+def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0, trust_remote_code: bool = False) -> Tokenizer:
     if spec == "bytes":
         return ByteTokenizer()
     saved = prepared_folder_tokenizer(spec, corpus)
@@ -233,7 +236,7 @@ def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0) 
         except ValueError:
             raise ConfigError(f"data.tokenizer={spec!r}: expected bpe:<vocab size>, e.g. bpe:4096") from None
         return load_bpe(vocab, "stdlib", val_percent)
-    return builtin_model_tokenizer(spec) or load_hf_tokenizer(spec)
+    return builtin_model_tokenizer(spec) or load_hf_tokenizer(spec, trust_remote_code)
 
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:

@@ -10,6 +10,15 @@ Folder layout (written by `ropelab data prepare`, and for the built-in corpus on
 Documents never cross shards. A shard is written under a dotted temporary name and renamed when
 complete, and only shards the manifest lists count, so a folder never holds a shard that looks
 complete but is not.
+
+Token ids out of range. Each shard's largest id is recorded when it is written; the model's
+vocabulary is checked against the manifest before training (`pipeline.check_vocab`), and the bytes
+against the record when they are hashed (`verify`: a running max costs ~8% on top of sha256). A
+shard damaged where nothing hashes it (data.verify=sizes) is caught by `Shard.check_ids` on every
+window read, one max over the window's tokens: a one-line error naming the shard instead of an
+IndexError in the embedding. A max over the whole memmap at open was measured instead: 0.03 s per
+2^27 uint16 tokens from the page cache but a full read from disk (minutes for hundreds of GB),
+which is what data.verify=sizes exists to avoid.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.errors import one_line
 from ropelab.files import write_atomically
 
 FORMAT = "ropelab-shards-1"
@@ -60,6 +70,19 @@ def sha256_file(path: Path) -> str:
 class Shard:
     tokens: np.ndarray  # (n,) token ids, memory-mapped
     doc_offsets: np.ndarray  # (d + 1,) int64, first 0, last n
+    max_token_id: Optional[int] = None  # the largest id recorded when the shard was written; None: unchecked
+    path: Optional[Path] = None  # the token file, for messages
+
+    def check_ids(self, ids: np.ndarray) -> None:
+        """ConfigError naming the shard when `ids` (read from it) exceed its recorded largest id."""
+        if self.max_token_id is None or not len(ids):
+            return
+        largest = int(ids.max())
+        if largest > self.max_token_id:
+            raise ConfigError(
+                f"{self.path}: holds token id {largest}, above the largest id written into it ({self.max_token_id}); "
+                f"the shard is damaged or was replaced: run `ropelab data verify {self.path.parent}`, or prepare the data again"
+            )
 
 
 class TokenSplit:
@@ -92,7 +115,10 @@ class TokenSplit:
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Token ids at stream positions [start, stop) (fewer at the end of the split), as int64."""
-        parts = [self.shards[k].tokens[a:b] for k, a, b in self._pieces(start, stop)]
+        parts = []
+        for k, a, b in self._pieces(start, stop):
+            parts.append(self.shards[k].tokens[a:b])
+            self.shards[k].check_ids(parts[-1])
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,10 +173,16 @@ def open_split(folder: Path, split: str, manifest: Optional[dict] = None) -> Tok
     shards = []
     for shard in manifest["splits"][split]["shards"]:
         tokens_path, index_path = shard_files(folder, shard["name"])
-        offsets = np.load(index_path, mmap_mode="r")
-        if offsets.shape != (shard["documents"] + 1,) or int(offsets[-1]) != shard["tokens"]:
+        try:
+            offsets = np.load(index_path, mmap_mode="r")
+        except Exception as exc:  # noqa: BLE001 - a damaged header raises ValueError, SyntaxError, TokenError, EOFError...
+            raise ConfigError(f"{index_path}: not a readable document index ({one_line(exc)}); "
+                              "the shard is damaged: prepare the data again") from None
+        if (offsets.dtype != np.int64 or offsets.shape != (shard["documents"] + 1,)
+                or int(offsets[-1]) != shard["tokens"]):
             raise ConfigError(f"{index_path}: does not index {shard['documents']} documents of {shard['tokens']} tokens")
-        shards.append(Shard(np.memmap(tokens_path, dtype=dtype, mode="r"), offsets))
+        tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
+        shards.append(Shard(tokens, offsets, shard["max_token_id"], tokens_path))
     return TokenSplit(shards)
 
 

@@ -4,12 +4,15 @@
                                  reading only configs and tokenizers (no weights): the CLI calls it
                                  before any work, `load_teacher` calls it first
   load_teacher(config, device)   -> Teacher, in eval mode without gradients, bf16 on CUDA by default
+Both take `trust_remote_code` (default False): whether transformers may run Python code shipped
+with a Hugging Face teacher or its tokenizer.
   Teacher.targets(...)           -> `TeacherHidden`: final hidden states + output head, so that
                                  `kd_loss` makes the teacher's logits one chunk of tokens at a time
 
 `distill.teacher` is any model source (`ropelab.sources.resolve`): a ropelab run or checkpoint, a
-GGUF file or built-in name (imported once into the cache, then a ropelab model), or a Hugging Face
-model folder or hub name, run natively by transformers (`AutoModelForCausalLM`; hidden states from
+GGUF file or built-in name (imported once into the cache, then a ropelab model), a folder ropelab
+exported with its own modeling code (read as a ropelab model), or a Hugging Face model folder or hub
+name, run natively by transformers (`AutoModelForCausalLM`; hidden states from
 `get_decoder()`, the head from `get_output_embeddings()`), so any causal LM can teach.
 
 Vocabulary. The teacher must use the student's tokenizer: the same fingerprint, or the same
@@ -47,7 +50,7 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 @dataclass
 class TeacherInfo:
-    source: Source  # a ropelab run or checkpoint (GGUF files are imported), or a model transformers runs
+    source: Source  # a ropelab run, checkpoint or export (GGUF files are imported), or a model transformers runs
     rows: int  # the teacher's output rows (embedding size, padding included)
     vocab: int  # ids of the shared tokenizer: the teacher logits KD uses
 
@@ -69,12 +72,12 @@ def _student_tokenizer(config: RunConfig) -> Tokenizer:
     return load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
 
 
-def _locate(config: RunConfig) -> tuple[Source, int, Tokenizer]:
+def _locate(config: RunConfig, trust_remote_code: bool) -> tuple[Source, int, Tokenizer]:
     """(source, output rows, tokenizer) of the teacher, without loading weights."""
     name = config.distill.teacher
     try:
-        source = sources.resolve(name)
-        if source.kind != "hf":  # a ropelab run or checkpoint, or a GGUF file (imported into the cache)
+        source = sources.resolve(name, trust_remote_code)
+        if source.kind != "hf":  # a ropelab run, checkpoint or export, or a GGUF file (imported into the cache)
             teacher_config, source = sources.load_config(source)
             d = teacher_config.data
             return source, teacher_config.model.vocab_size, load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
@@ -87,13 +90,13 @@ def _locate(config: RunConfig) -> tuple[Source, int, Tokenizer]:
         raise _teacher_error(name, str(exc).removeprefix(f"{Path(name).expanduser()}: ")) from None
 
 
-def check_teacher(config: RunConfig) -> TeacherInfo:
+def check_teacher(config: RunConfig, trust_remote_code: bool = False) -> TeacherInfo:
     """Find `config.distill.teacher` and check it against the student: same tokenizer, enough
     output rows, `distill.top_k` within the vocabulary. ConfigError (one line) otherwise."""
     distill = config.distill
     if distill is None or not distill.teacher:
         raise ConfigError("distill.teacher: not set (a Hugging Face model name or folder, or a ropelab run)")
-    source, rows, tokenizer = _locate(config)
+    source, rows, tokenizer = _locate(config, trust_remote_code)
     student = _student_tokenizer(config)
     if not _same_tokenizer(tokenizer, student):
         raise _teacher_error(distill.teacher, (
@@ -218,17 +221,17 @@ def _teacher_device(name: str, student_device: str | torch.device) -> torch.devi
         raise ConfigError(f"{key}: not a device (auto, cpu, cuda, cuda:1, ...)") from None
 
 
-def load_teacher(config: RunConfig, device: str | torch.device = "cpu") -> Teacher:
+def load_teacher(config: RunConfig, device: str | torch.device = "cpu", trust_remote_code: bool = False) -> Teacher:
     """The teacher of `config.distill`, checked (`check_teacher`) and loaded on `distill.teacher_device`
     ("auto": `device`, the student's) in `distill.teacher_precision`."""
     distill = config.distill
-    info = check_teacher(config)
+    info = check_teacher(config, trust_remote_code)
     device = _teacher_device(distill.teacher_device, device)
     dtype = teacher_dtype(distill.teacher_precision, device)
-    if info.source.is_ropelab:
-        module, hidden_fn, head = _load_ropelab(info, device, dtype)
-    else:
+    if info.source.kind == "hf":
         module, hidden_fn, head = _load_hf(info, device, dtype, distill.teacher, distill.teacher_tokens)
+    else:
+        module, hidden_fn, head = _load_ropelab(info, device, dtype)
     return Teacher(hidden_fn, head, info, device, module)
 
 

@@ -7,7 +7,9 @@ config.json whose ``auto_map`` names them, so that
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
 
-builds ropelab's own `Transformer` and computes the same logits.
+builds ropelab's own `Transformer` and computes the same logits. ropelab itself reads such a folder
+with its own classes (`ropelab.sources.exported`: `ropelab import`, `ropelab.load`, a teacher), so it
+needs no trust_remote_code and never runs the shipped files.
 
 One source of truth: the modules are not a second implementation but copies, made at export time, of
 the installed ``ropelab/rope.py``, ``attention.py`` and ``model.py`` (whole), and of the part of

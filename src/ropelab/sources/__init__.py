@@ -1,5 +1,5 @@
 """Where a model comes from: the one place that knows runs, checkpoints, imported folders, Hugging
-Face folders and hub names, and GGUF files.
+Face folders and hub names (folders ropelab exported among them), and GGUF files.
 
   resolve(name) -> Source            what `name` is (`ropelab.sources.locate`), no weights read
   load(name) -> (model, tokenizer, config)
@@ -10,12 +10,17 @@ Face folders and hub names, and GGUF files.
                                      the configuration alone
   import_model(name, out_dir)        a ropelab folder from an HF or GGUF model (`ropelab import`)
 
+resolve, load, load_config and import_model take `trust_remote_code` (default False): whether
+transformers may run Python code shipped with a Hugging Face model, its config or its tokenizer.
+ropelab's own exports need no such permission: they are read with ropelab's classes.
+
   run_config(base, preset, overrides) a run config; with `train.init_from`, the source's model
                                      settings and tokenizer are the defaults (`ropelab.sources.init`)
 
 Submodules: runs (the run-directory layout), locate (kinds of source), loading (load, load_config),
-hf (the weight adapter), hf_models (loading with transformers), gguf (GGUF files and built-in names),
-imported (import folders), init (runs that start from a source's weights).
+hf (the weight adapter), hf_models (loading with transformers), exported (folders ropelab exported with
+its own modeling code), gguf (GGUF files and built-in names), imported (import folders), init (runs
+that start from a source's weights).
 """
 
 from ropelab.sources.imported import import_model

@@ -251,7 +251,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     folder, name = str(info.path.parent), info.path.name
     try:
         model, report = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, output_loading_info=True, **dtype_kwargs(transformers, dtype)
+            folder, gguf_file=name, output_loading_info=True, trust_remote_code=False, **dtype_kwargs(transformers, dtype)
         )
     except Exception as exc:
         raise ConfigError(f"{path}: transformers could not load the GGUF model ({_describe(exc)})") from None
@@ -272,7 +272,8 @@ def load_gguf_tokenizer(path: str | Path):
     info = inspect_gguf(path)
     transformers = require_transformers("loading GGUF files")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name,
+                                                               trust_remote_code=False)  # a GGUF file holds no code
     except Exception as exc:
         raise ConfigError(f"{path}: transformers could not load the GGUF tokenizer ({_describe(exc)})") from None
     if not getattr(tokenizer, "is_fast", False):

@@ -3,7 +3,13 @@
   load_hf_model(source, dtype)   the transformers causal LM itself (a teacher may run it natively)
   hf_text_config(source)         its configuration, without weights
   convert(source)                -> `Converted`: the ropelab Transformer computing the same logits
-                                 (`ropelab.sources.hf.from_hf`), with the tokenizer it reads
+                                 (`ropelab.sources.hf.from_hf`), with the tokenizer it reads; for a
+                                 folder ropelab exported with its own code, that model read directly
+                                 (`ropelab.sources.exported`)
+
+Every transformers call passes `trust_remote_code` explicitly: the Source's, False unless the user
+asked for it, so Python files shipped with a model, its config or its tokenizer never run unasked
+(transformers would otherwise ask on standard input, where a "y" would run them).
 
 Hub names go through `ropelab.hub`: when the hub is unreachable they resolve from the local cache
 only, so a missing model fails at once instead of retrying. transformers is imported inside the
@@ -20,10 +26,11 @@ import torch
 
 from ropelab import hub
 from ropelab.config import ConfigError
-from ropelab.data.tokenizer import HFTokenizer, load_hf_tokenizer
-from ropelab.errors import one_line
+from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer, load_hf_tokenizer
+from ropelab.errors import load_failure, one_line
 from ropelab.model import Transformer
 from ropelab.sources import gguf
+from ropelab.sources.exported import load_export
 from ropelab.sources.hf import from_hf
 from ropelab.sources.locate import Source
 from ropelab.sources.transformers_lib import dtype_kwargs, require_transformers
@@ -56,9 +63,10 @@ def load_hf_model(source: Source, dtype: torch.dtype = torch.float32):
     if not Path(source.location).exists():
         hub.offline_unless_reachable()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(source.location, **dtype_kwargs(transformers, dtype))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            source.location, trust_remote_code=source.trust_remote_code, **dtype_kwargs(transformers, dtype))
     except Exception as exc:  # noqa: BLE001 - offline hub, missing repo, unknown architecture: one line
-        raise ConfigError(f"{source.name}: could not load a causal LM ({one_line(exc, 300)})") from None
+        raise ConfigError(f"{source.name}: could not load a causal LM ({load_failure(exc, source.trust_remote_code)})") from None
     return model.eval()
 
 
@@ -69,9 +77,9 @@ def hf_text_config(source: Source):
     if not Path(source.location).exists():
         hub.offline_unless_reachable()
     try:
-        config = transformers.AutoConfig.from_pretrained(source.location)
+        config = transformers.AutoConfig.from_pretrained(source.location, trust_remote_code=source.trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - missing repo, offline, bad folder: one line
-        raise ConfigError(f"{source.name}: could not load its config ({one_line(exc)})") from None
+        raise ConfigError(f"{source.name}: could not load its config ({load_failure(exc, source.trust_remote_code, 200)})") from None
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -81,30 +89,39 @@ def has_tokenizer_files(source: Source) -> bool:
 
 
 def hf_tokenizer(source: Source) -> HFTokenizer:
-    """The tokenizer of an `hf` source (its folder's files, or the hub's)."""
-    _expect(source, "hf")
+    """The tokenizer of an `hf` or `export` source (its folder's files, or the hub's)."""
+    _expect(source, "hf", "export")
     if not has_tokenizer_files(source):
         raise ConfigError(f"{source.name}: has no tokenizer files")
     path = Path(source.location)
-    return load_hf_tokenizer(str(path.resolve()) if path.exists() else source.location)
+    return load_hf_tokenizer(str(path.resolve()) if path.exists() else source.location, source.trust_remote_code)
 
 
 def _tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
-    """(data.tokenizer for a run of an `hf` source's model, what happened)."""
+    """(data.tokenizer for a run of an `hf` or `export` source's model, what happened)."""
     if not has_tokenizer_files(source):
-        return "bytes", "no tokenizer files; data.tokenizer=bytes"
-    try:
-        tokenizer = hf_tokenizer(source)
-    except ConfigError as exc:  # a broken or slow-only tokenizer: fall back to bytes, and say why
-        return "bytes", f"tokenizer not usable ({one_line(exc, 150)}); data.tokenizer=bytes"
-    if tokenizer.vocab_size > model_vocab:
-        return "bytes", f"tokenizer has {tokenizer.vocab_size} tokens, model {model_vocab}; data.tokenizer=bytes"
-    return tokenizer.name, f"data.tokenizer={tokenizer.name}"
+        why = "no tokenizer files"
+    else:
+        try:
+            tokenizer = hf_tokenizer(source)
+        except ConfigError as exc:  # a broken or slow-only tokenizer: fall back to bytes, and say why
+            why = f"tokenizer not usable ({one_line(exc, 150)})"
+        else:
+            if tokenizer.vocab_size <= model_vocab:
+                return tokenizer.name, f"data.tokenizer={tokenizer.name}"
+            why = f"tokenizer has {tokenizer.vocab_size} tokens, model {model_vocab}"
+    note = f"{why}; data.tokenizer=bytes"
+    if model_vocab < ByteTokenizer.vocab_size:
+        note += f" (but the model has only {model_vocab} tokens: set data.tokenizer before training)"
+    return "bytes", note
 
 
 def convert(source: Source) -> Converted:
-    """The ropelab model of an `hf` or `gguf` source, with what a run of it needs to read its tokens."""
-    _expect(source, "hf", "gguf")
+    """The ropelab model of an `hf`, `export` or `gguf` source, with what a run of it needs to read its tokens."""
+    _expect(source, "hf", "export", "gguf")
+    if source.kind == "export":
+        model = load_export(source.location)
+        return Converted(model, "RopelabForCausalLM", *_tokenizer_spec(source, model.config.vocab_size))
     transformers = require_transformers("converting Hugging Face and GGUF models")
     if source.kind == "gguf":
         hf_model, hf_tok = gguf.load_gguf(source.location, torch.float32)
@@ -118,13 +135,10 @@ def convert(source: Source) -> Converted:
     architecture = type(hf_model).__name__
     del hf_model
     model.config.name = source.name if source.kind == "hf" or source.name in gguf.BUILTIN_SOURCES else Path(source.location).stem
-    vocab = model.config.vocab_size
     if tokenizer is not None:
         spec, note = source.name, f"saved from the GGUF file ({tokenizer.vocab_size} tokens)"
     else:
-        spec, note = _tokenizer_spec(source, vocab)
-        if spec == "bytes" and vocab < 259:
-            note += f" (but the model has only {vocab} tokens: set data.tokenizer before training)"
+        spec, note = _tokenizer_spec(source, model.config.vocab_size)
     return Converted(model, architecture, spec, note, tokenizer, transformers.__version__)
 
 

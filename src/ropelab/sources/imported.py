@@ -1,9 +1,10 @@
 """Folders written by `ropelab import`: another framework's model as a ropelab run directory.
 
-  import_model(source, out_dir)   a Hugging Face folder or hub name, or a GGUF file (or a built-in
-                                  name such as ``smollm2-135m``) -> `out_dir`: config.yaml, a step-0
-                                  checkpoint, import.json (where the weights came from) and, for GGUF,
-                                  the model's tokenizer.json; every command then takes `out_dir`
+  import_model(source, out_dir)   a Hugging Face folder or hub name (one ropelab exported too), or a
+                                  GGUF file (or a built-in name such as ``smollm2-135m``) -> `out_dir`:
+                                  config.yaml, a step-0 checkpoint, import.json (where the weights came
+                                  from) and, for GGUF, the model's tokenizer.json; every command then
+                                  takes `out_dir`
   write_imported(model, ...)      the same folder for a model already in memory
   save_weights_only(...)          a complete checkpoint of weights with a fresh optimizer
 
@@ -67,15 +68,16 @@ def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str,
     return out / "checkpoints" / ckpt.step_dir(out, 0).name
 
 
-def import_model(source: str, out_dir: str | Path) -> dict:
-    """Convert a Llama/Qwen2/Qwen3/GPT-NeoX causal LM (hub name, HF folder, GGUF file or built-in name)
-    into a ropelab folder `out_dir` that every command reads.
+def import_model(source: str, out_dir: str | Path, trust_remote_code: bool = False) -> dict:
+    """Convert a Llama/Qwen2/Qwen3/GPT-NeoX causal LM (hub name, HF folder, GGUF file or built-in name),
+    or a folder ropelab exported with its own modeling code, into a ropelab folder `out_dir` that every
+    command reads. `trust_remote_code` lets transformers run code shipped with an HF model.
 
     Returns a summary: out_dir, source, architecture, checkpoint, params, tokenizer. Raises ConfigError
     (one line) when the model cannot be loaded or has no exact ropelab equivalent; nothing is written then."""
     out = refuse_existing(out_dir)
-    found = resolve(source)
-    if found.kind not in ("hf", "gguf"):
+    found = resolve(source, trust_remote_code)
+    if found.kind not in ("hf", "export", "gguf"):
         raise ConfigError(f"{source}: already a ropelab {found.kind}; nothing to import (every command takes it as it is)")
     converted = hf_models.convert(found)
     record = {"source": found.location, "kind": found.kind, "architecture": converted.architecture,

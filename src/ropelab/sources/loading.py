@@ -1,8 +1,11 @@
 """Loading a model source: `load` (weights, tokenizer, config) and `load_config` (config alone).
 
-Hugging Face models are converted in memory (`ropelab.sources.hf`). A GGUF file is dequantized and
-converted once, into an imported folder under the ropelab cache (``$ROPELAB_CACHE/imports/``, keyed
-by the file's path, size and modification time), which later loads read directly.
+Hugging Face models are converted in memory (`ropelab.sources.hf`); a folder ropelab exported with
+its own modeling code is read with ropelab's classes (`ropelab.sources.exported`), never its shipped
+code. `trust_remote_code` (default False) lets transformers run code shipped with an HF model or its
+tokenizer. A GGUF file is dequantized and converted once, into an imported folder under the ropelab
+cache (``$ROPELAB_CACHE/imports/``, keyed by the file's path, size and modification time), which
+later loads read directly.
 """
 
 
@@ -16,6 +19,7 @@ from ropelab.config import ConfigError, RunConfig
 from ropelab.data.tokenizer import Tokenizer, cache_dir, load_tokenizer
 from ropelab.model import Transformer
 from ropelab.sources import hf_models
+from ropelab.sources.exported import export_model_config
 from ropelab.sources.hf import model_config_from_hf
 from ropelab.sources.imported import converted_run_config, import_model
 from ropelab.sources.locate import Source, resolve
@@ -46,24 +50,27 @@ def cached_import(source: Source) -> Source:
     return Source(source.name, found.kind, found.location, found.run_dir, found.checkpoint)
 
 
-def _ropelab_source(name: str | Path | Source) -> Source:
-    source = resolve(name)
+def _ropelab_source(name: str | Path | Source, trust_remote_code: bool) -> Source:
+    source = resolve(name, trust_remote_code)
     return cached_import(source) if source.kind == "gguf" else source
 
 
-def load_config(name: str | Path | Source) -> tuple[RunConfig, Source]:
+def load_config(name: str | Path | Source, trust_remote_code: bool = False) -> tuple[RunConfig, Source]:
     """The run configuration of a source, without its weights (a GGUF file is imported first)."""
-    source = _ropelab_source(name)
+    source = _ropelab_source(name, trust_remote_code)
     if source.is_ropelab:
         return checkpoint_config(source.checkpoint)[0], source
-    model_config = model_config_from_hf(hf_models.hf_text_config(source))
+    if source.kind == "export":
+        model_config = export_model_config(source.location)
+    else:
+        model_config = model_config_from_hf(hf_models.hf_text_config(source))
     spec = hf_models.hf_tokenizer(source).name if hf_models.has_tokenizer_files(source) else "bytes"
     return converted_run_config(model_config, spec), source
 
 
-def load(name: str | Path | Source) -> Loaded:
+def load(name: str | Path | Source, trust_remote_code: bool = False) -> Loaded:
     """(model in fp32 eval mode on the CPU, its tokenizer, its run configuration) for any source."""
-    source = _ropelab_source(name)
+    source = _ropelab_source(name, trust_remote_code)
     if source.is_ropelab:
         config, folder = checkpoint_config(source.checkpoint)
         model = Transformer(config.model)
@@ -74,7 +81,7 @@ def load(name: str | Path | Source) -> Loaded:
         model = converted.model
         config = converted_run_config(model.config, converted.tokenizer_spec)
     data = config.data
-    return Loaded(model, load_tokenizer(data.tokenizer, data.corpus, data.val_percent), config)
+    return Loaded(model, load_tokenizer(data.tokenizer, data.corpus, data.val_percent, source.trust_remote_code), config)
 
 
 __all__ = ["Loaded", "load", "load_config", "cached_import"]
