@@ -4,11 +4,13 @@ import os
 import shutil
 
 import pytest
+import yaml
 
 from ropelab.cli import main
 from ropelab.config import ConfigError, build_run_config
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
+from ropelab.train.metrics import read_metrics
 
 
 def listing(folder):
@@ -95,3 +97,26 @@ def test_resume_takes_only_the_runs_own_checkpoints(finished, tmp_path, capsys):
         result = train(out_dir=mine, resume=True, from_checkpoint=own)
         assert result.steps == 4
         (mine / "result.json").unlink()
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_zero(tmp_path, tiny_overrides, capsys):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    train(build_run_config(overrides=tiny_overrides), full)
+    train(build_run_config(overrides=tiny_overrides), killed)
+    shutil.rmtree(killed / "checkpoints")  # as a SIGKILL before the first save leaves it: config.yaml, a few rows
+    (killed / "result.json").unlink()
+    train(out_dir=killed, resume=True)
+    assert "starting again from step 0" in capsys.readouterr().err
+    assert [r["loss"] for r in read_metrics(killed)] == [r["loss"] for r in read_metrics(full)]
+
+
+def test_an_edited_window_length_before_resume_is_refused(tmp_path, tiny_overrides):
+    run = tmp_path / "run"
+    train(build_run_config(overrides=tiny_overrides + ["train.steps=4", "train.checkpoint_every=2"]), run)
+    (run / "result.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "step_00000004")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["seq_len"] = 16
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"trained at data.seq_len=32, but config.yaml now says 16"):
+        train(out_dir=run, resume=True)

@@ -136,7 +136,8 @@ def collect_runs(study_dir: str | Path) -> list[Run]:
             except json.JSONDecodeError:
                 run.result = None
         error_path = path / "error.txt"
-        if error_path.is_file():
+        # a result.json outweighs an error.txt: another attempt (a concurrent run, a re-run) finished the run
+        if error_path.is_file() and run.result is None:
             run.status = "failed"
             run.error = error_path.read_text(errors="replace").strip() or "error.txt (empty)"
         elif run.status != "invalid":

@@ -120,10 +120,16 @@ def _progress(enabled: bool):
 
 def _check_resume_world(state: dict, phases: list[Phase], env: DistEnv, path: Path) -> None:
     """Resuming on another world size is allowed only if every step keeps its global batch (DCP
-    reshards weights and optimizer; each step then sees the same samples, split differently), or
-    at a phase boundary: the next phase counts its data from its own start."""
+    reshards weights and optimizer; each step then sees the same samples, split differently), and a
+    resumed run keeps its window length; both may change at a phase boundary, where the next phase
+    counts its data from its own start."""
     if any(state["step"] == phase.start for phase in phases):
         return
+    saved_len, seq_len = state.get("seq_len"), phase_at(phases, state["step"]).config.data.seq_len
+    if saved_len is not None and saved_len != seq_len:
+        raise ConfigError(f"{path}: trained at data.seq_len={saved_len}, but config.yaml now says {seq_len}; a resumed "
+                          "run keeps its windows (its data position and token count depend on them): put it back, or "
+                          "start a new run from this one with train.branch_from")
     saved_batch = state.get("global_batch")
     batch = phase_at(phases, state["step"]).config.train.global_batch
     if saved_batch is not None and saved_batch != batch:
@@ -321,7 +327,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     known_good = {"last": latest, "pending": None}
 
     def save(at_step: int, phase: Phase) -> None:
-        extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch,
+        extra = {"phase": phase.index, "global_batch": phase.config.train.global_batch, "seq_len": phase.config.data.seq_len,
                  "data": {"seed": config.seed, "next_step": at_step - phase.start}, "phase_results": phase_results,
                  "init_from": init_record, "branch_from": branch_record}
         phase_end = phase.name if at_step == phase.end and len(phases) > 1 else None
