@@ -5,7 +5,6 @@ one clear error for a missing study config or an unknown claim."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 

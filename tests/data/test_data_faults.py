@@ -16,13 +16,13 @@ import pytest
 
 from ropelab.cli import main
 from ropelab.config import ConfigError
-from ropelab.data import prepare as prepare_module
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import open_token_folder
 from ropelab.data.prepare import prepare
 from ropelab.data.sources import Source
 from ropelab.data.tokenizer import ByteTokenizer
 from ropelab.data.tokens import open_split
+from tests.data.interrupt import interrupt_after_two_shards
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
@@ -128,22 +128,6 @@ def test_damaged_index_header_is_one_line_under_verify_sizes(prepared, damage):
 
 
 # ------------------------------------------------------------------ a resume after the source changed
-
-
-def interrupt_after_two_shards(monkeypatch, run) -> None:
-    """Run `run()`, a preparation, stopped by a KeyboardInterrupt once it recorded two shards."""
-    real_write, writes = prepare_module.write_json, []
-
-    def crash_on_fourth_progress(file, data):  # the first write is the empty progress record
-        if file.name == "progress.json" and len(writes) == 3:
-            raise KeyboardInterrupt
-        writes.append(file.name)
-        real_write(file, data)
-
-    monkeypatch.setattr(prepare_module, "write_json", crash_on_fourth_progress)
-    with pytest.raises(KeyboardInterrupt):
-        run()
-    monkeypatch.setattr(prepare_module, "write_json", real_write)
 
 
 def test_resume_is_refused_when_a_source_file_changed(tmp_path, monkeypatch):

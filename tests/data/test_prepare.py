@@ -8,12 +8,12 @@ import pytest
 
 from ropelab.cli import main
 from ropelab.config import ConfigError
-from ropelab.data import prepare as prepare_module
 from ropelab.data.corpus import in_validation
 from ropelab.data.prepare import prepare
 from ropelab.data.sources import Source
 from ropelab.data.tokenizer import ByteTokenizer
 from ropelab.data.tokens import SPLITS, open_split
+from tests.data.interrupt import interrupt_after_two_shards
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
@@ -79,19 +79,7 @@ def test_interrupted_preparation_resumes_to_identical_bytes(tmp_path, corpus, mo
     settings = dict(val_percent=20, shard_tokens=500, workers=1, progress=False)
     prepare(Source(str(path)), ByteTokenizer(), tmp_path / "whole", **settings)
 
-    writes = []
-    real_write = prepare_module.write_json
-
-    def crash_on_fourth_progress(file, data):  # the first write is the empty progress record
-        if file.name == "progress.json" and len(writes) == 3:
-            raise KeyboardInterrupt
-        writes.append(file.name)
-        real_write(file, data)
-
-    monkeypatch.setattr(prepare_module, "write_json", crash_on_fourth_progress)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(Source(str(path)), ByteTokenizer(), tmp_path / "cut", **settings)
-    monkeypatch.setattr(prepare_module, "write_json", real_write)
+    interrupt_after_two_shards(monkeypatch, lambda: prepare(Source(str(path)), ByteTokenizer(), tmp_path / "cut", **settings))
     progress = json.loads((tmp_path / "cut" / "progress.json").read_text())
     kept = [r["name"] for records in progress["splits"].values() for r in records]
     assert len(kept) == 2 and not (tmp_path / "cut" / "manifest.json").exists()
