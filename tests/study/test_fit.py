@@ -1,5 +1,6 @@
 """Scaling-law fits on synthetic losses drawn from known laws: recovery, bootstrap intervals, the
-held-out check, gaps between variants, the tail slope of a single run, bad input, the report section."""
+held-out check, gaps between variants (one set of resamples for fits and gaps), the tail slope of a single run,
+bad input, the report section."""
 
 import math
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ropelab.config import ConfigError
-from ropelab.study.fit import (Point, bootstrap, fit_data_law, fit_joint_law, fit_variants, gap, held_out_check,
-                               tail_slope)
+from ropelab.study.fit import (Point, bootstrap, fit_data_law, fit_gaps, fit_joint_law, fit_variants, gap,
+                               held_out_check, held_out_checks, tail_slope)
 from ropelab.study.fit_report import FIGURE_NAME, fit_section
 
 E, A, ALPHA, B, BETA = 1.8, 50.0, 0.35, 30.0, 0.3
@@ -74,6 +75,12 @@ def test_joint_law_recovers_known_parameters():
     assert law.predict(1e6, 2e7) == pytest.approx(joint_law(1e6, 2e7), rel=2e-3)
 
 
+def test_a_pure_power_law_is_fitted_with_E_on_its_bound():
+    # the optimum lies at E -> 0: E is bounded at 0 (not log E), so the fit lands there instead of crawling
+    law = fit_data_law(BUDGETS, B * BUDGETS ** -BETA)
+    assert law.E == 0.0 and law.beta == pytest.approx(BETA, rel=1e-5) and law.B == pytest.approx(B, rel=1e-4)
+
+
 def test_joint_law_needs_three_sizes():
     two = points(sizes=(1e5, 1e6), law=joint_law)
     with pytest.raises(ConfigError, match="L\\(N, D\\) needs at least 3 model sizes, got 2"):
@@ -96,6 +103,26 @@ def test_gap_between_variants_holds_the_true_gap():
     (result,) = gap(both, "rope", "nope", resamples=RESAMPLES)
     assert (result.a, result.b, result.budget, result.tokens) == ("rope", "nope", "20 tokens/param", 20 * PARAMS)
     assert result.estimate.contains(-0.05) and result.estimate.high < 0
+
+
+def test_one_set_of_resamples_serves_the_fits_and_the_gaps():
+    both = points("rope") + points("nope", offset=0.05, noise_seed=1)
+    fits = fit_variants(both + points("yarn", offset=0.02, noise_seed=2), resamples=RESAMPLES)
+    # a variant's intervals do not depend on the other variants fitted with it
+    assert fits[0].sizes[0].estimates == fit_variants(points("rope"), resamples=RESAMPLES)[0].sizes[0].estimates
+    (size,) = fits[1].sizes
+    assert size.samples["beta"].shape == (RESAMPLES,)
+    assert size.estimates["beta"].low == pytest.approx(np.percentile(size.samples["beta"], 2.5))
+    (from_fits,) = fit_gaps(fits, "nope", "rope")
+    assert [from_fits] == gap(both, "nope", "rope", resamples=RESAMPLES)
+    assert from_fits.estimate.contains(0.05)
+
+
+def test_held_out_checks_of_every_size_at_once():
+    short = [p for p in points("short") if p.tokens >= BUDGETS[-4]]  # 2 budgets up to half the largest
+    checks = held_out_checks(points("rope") + short, resamples=RESAMPLES)
+    assert checks["rope", PARAMS] == held_out_check(points("rope"), resamples=RESAMPLES)
+    assert "needs at least 3 distinct token budgets" in str(checks["short", PARAMS])
 
 
 def test_bootstrap_resamples_whole_seeds():

@@ -1,17 +1,31 @@
 """Scaling-law fits with bootstrap uncertainty, for studies that train at several token budgets.
 
 The fits follow Hoffmann et al. 2022 (Chinchilla), approach 3: minimise the Huber loss (delta 1e-3)
-of the log residuals, with the law written as a logsumexp so that the optimiser works on
-``e = log E``, ``b = log B``, ...:
+of the log residuals of
 
-    log L(D)    = logsumexp(b - beta * log D, e)                      (`fit_data_law`)
-    log L(N, D) = logsumexp(a - alpha * log N, b - beta * log D, e)   (`fit_joint_law`)
+    L(D)    = E + exp(b - beta * log D)                               (`fit_data_law`)
+    L(N, D) = E + exp(a - alpha * log N) + exp(b - beta * log D)      (`fit_joint_law`)
 
-with L-BFGS-B started from the best points of a grid, keeping the best optimum. Besiroglu et al.
-2024 (Chinchilla scaling: a replication attempt) refitted approach 3 and found the published
-intervals implausibly narrow and the fit itself off, most likely from the optimiser stopping early.
-So the optimiser runs to tight tolerances here (see `_minimise`), and every fit comes with 95 %
-percentile bootstrap intervals (`bootstrap`) over the seeds and over the points of each seed.
+by scipy's L-BFGS-B (`scipy.optimize.minimize`, one call per fit, with E and the exponents bounded
+at 0) from the 12 best points of Chinchilla's grid, keeping the best optimum. Besiroglu et al. 2024
+(Chinchilla scaling: a replication attempt) refitted approach 3 and found the published intervals
+implausibly narrow and the fit itself off, most likely from the optimiser stopping early. So every
+fit comes with 95 % percentile bootstrap intervals over the seeds and the points of each seed (each
+resample refitted from the fit to all points), and the optimiser runs until the objective stops
+falling:
+
+- The objective is the summed Huber loss divided by delta^2 and the number of points: O(1), so that
+  scipy's relative tolerance (`FTOL`) means what it says. The plain sum is ~1e-5, below the
+  max(|f|, 1) that scipy's ftol is relative to, so that its default stops at the start.
+- E is a variable of its own, bounded at 0 (as are the exponents), where Chinchilla's logsumexp has
+  e = log E. Fits to few budgets or a short span of D (common among resamples) often have their
+  optimum at E -> 0, at the end of a long curved valley: with e = log E it lies at e = -inf, which
+  L-BFGS approaches for thousands of steps (up to its cap) and leaves anywhere on the way; with
+  E >= 0 it lands on E = 0 and stops.
+- One set of resamples serves every statistic of `fit_variants`: each size's data law and named
+  budgets, the variant's joint law, and the gaps between variants (`fit_gaps`), instead of a set,
+  and its refits, per statistic. A report of 5 variants x 3 sizes x 4 budgets x 2 seeds (400
+  resamples) takes about a CPU minute, nearly all of it in scipy's ~14,000 L-BFGS-B runs.
 
 A study's measurements are `Point`s (a variant, a seed, N = non-embedding parameters, D = training
 tokens, the loss at the end of that run). Budgets are named in tokens per parameter, as in
@@ -21,25 +35,28 @@ Chinchilla's 20 tokens per parameter: ``{"20 tokens/param": 20.0}`` predicts at 
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import huber
 
 from ropelab.config import ConfigError
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_RESAMPLES", "DataLaw", "Estimate", "Gap", "HeldOutCheck", "JointLaw",
-           "Point", "SizeFit", "TailSlope", "VariantFit", "bootstrap", "check_points", "fit_data_law", "fit_joint_law",
-           "fit_variants", "gap", "held_out_check", "tail_slope"]
+           "Point", "SizeFit", "TailSlope", "VariantFit", "bootstrap", "check_points", "fit_data_law", "fit_gaps",
+           "fit_joint_law", "fit_variants", "gap", "held_out_check", "held_out_checks", "tail_slope"]
 
 HUBER_DELTA = 1e-3
-# Chinchilla's grid of starting points: e = log E, the log coefficients, the exponents
+# Chinchilla's grid of starting points: log E, the log coefficients, the exponents
 LOG_E_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5)
 LOG_COEFFICIENT_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
 EXPONENT_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
 STARTS = 12  # L-BFGS-B runs from the 12 grid points of lowest objective, not from all 5400 of the joint law
+# scipy's L-BFGS-B stops when a step gains less than FTOL (relative to max(|f|, 1)), when no component
+# of the projected gradient exceeds GTOL, or after MAX_ITER steps
+FTOL, GTOL, MAX_ITER = 1e-10, 1e-8, 2000
 MIN_BUDGETS = 3
 MIN_SIZES = 3  # with two sizes, E, A and alpha of the joint law are not identified (two levels, three unknowns)
 DEFAULT_RESAMPLES = 400
@@ -103,11 +120,12 @@ class JointLaw:
 @dataclass(frozen=True)
 class SizeFit:
     """The data law of one model size, fitted to `n_budgets` budgets; `estimates` holds "E", "beta" and
-    "loss at <budget name>"."""
+    "loss at <budget name>", `samples` their bootstrap values, resample by resample."""
     params: float
     n_budgets: int
     law: DataLaw
     estimates: dict[str, Estimate]
+    samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -163,6 +181,7 @@ class TailSlope:
     still_falling: bool
 
 
+
 def _positive_finite(values, what: str) -> np.ndarray:
     array = np.asarray(values, dtype=float).ravel()
     bad = np.flatnonzero(~(np.isfinite(array) & (array > 0)))
@@ -178,60 +197,99 @@ def _curve(tokens, losses) -> tuple[np.ndarray, np.ndarray]:
     return tokens, losses
 
 
-def _require_budgets(tokens: np.ndarray, what: str) -> None:
+def _require_budgets(tokens, what: str) -> None:
     if np.unique(tokens).size < MIN_BUDGETS:
         raise ConfigError(f"fit: {what} needs at least {MIN_BUDGETS} distinct token budgets, "
                           f"got {np.unique(tokens).size}")
 
 
-def _objective(theta: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray) -> tuple[float, np.ndarray]:
-    """Summed Huber loss of the log residuals and its gradient; theta = [e, c_1, p_1, ..., c_k, p_k]
-    for log L = logsumexp(e, c_j - p_j * log x_j)."""
-    terms = np.column_stack([np.full(len(log_loss), theta[0]), theta[1::2] - theta[2::2] * log_x])
-    log_pred = np.logaddexp.reduce(terms, axis=1)  # logsumexp; scipy's costs 30x more on a few points
-    weights = np.exp(terms - log_pred[:, None])
-    residual = log_pred - log_loss
-    slope = np.clip(residual, -HUBER_DELTA, HUBER_DELTA)  # d huber / d residual
-    gradient = np.empty_like(theta)
-    gradient[0] = slope @ weights[:, 0]
-    gradient[1::2] = slope @ weights[:, 1:]
-    gradient[2::2] = -slope @ (weights[:, 1:] * log_x)
-    return float(huber(HUBER_DELTA, residual).sum()), gradient
+def _objective(theta: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray,
+               weights: np.ndarray) -> tuple[float, np.ndarray]:
+    """For theta = [E, c_1, p_1, ..., c_k, p_k] (L = E + sum_j exp(c_j - p_j log x_j)) on the points
+    log_x (points x k), log_loss: the sum of the Huber losses of the log residuals weighted by `weights`,
+    and its gradient."""
+    power = np.exp(np.minimum(theta[1::2] - theta[2::2] * log_x, 700.0))
+    pred = np.maximum(theta[0] + power.sum(axis=1), 1e-300)
+    residual = np.log(pred) - log_loss
+    clipped = np.minimum(np.maximum(residual, -HUBER_DELTA), HUBER_DELTA)
+    slope = weights * clipped  # huber(delta, r) = clipped * (r - clipped / 2)
+    by_pred, gradient = slope / pred, np.empty(theta.size)  # by_pred: d objective / d pred
+    gradient[0], gradient[1::2], gradient[2::2] = by_pred.sum(), by_pred @ power, -(by_pred @ (power * log_x))
+    return float(slope @ (residual - clipped / 2)), gradient
 
 
-def _minimise(log_x: np.ndarray, log_loss: np.ndarray, start: np.ndarray | None) -> tuple[np.ndarray, float]:
-    """The best L-BFGS-B optimum from `start`, or from the grid points of lowest objective."""
-    if start is not None:
-        starts = start[None, :]
-    else:
-        powers = [LOG_E_GRID] + [LOG_COEFFICIENT_GRID, EXPONENT_GRID] * log_x.shape[1]
-        grid = np.array(list(itertools.product(*powers)))
-        terms = np.concatenate([np.broadcast_to(grid[:, None, :1], (len(grid), len(log_loss), 1)),
-                                grid[:, None, 1::2] - grid[:, None, 2::2] * log_x[None]], axis=2)
-        grid_objective = huber(HUBER_DELTA, np.logaddexp.reduce(terms, axis=2) - log_loss).sum(axis=1)
-        starts = grid[np.argsort(grid_objective, kind="stable")[:STARTS]]
-    bounds = [(None, None)] + [(None, None), (0.0, None)] * log_x.shape[1]  # the loss never rises with N or D
-    best = None
-    for theta in starts:
-        # tight tolerances: the objective is ~1e-5, and the default ftol (relative to max(|f|, 1)) stops at
-        # the start, which made the bootstrap's refits stay at the full fit and its intervals far too narrow
-        result = minimize(_objective, theta, args=(log_x, log_loss), jac=True, method="L-BFGS-B", bounds=bounds,
-                          options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 2000})
-        if best is None or result.fun < best.fun:
-            best = result
-    return best.x, float(best.fun)
+def _minimise(start: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray,
+              counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """scipy's L-BFGS-B from `start` on the points weighted by `counts`, with E and the exponents >= 0.
+    It minimises the summed Huber loss divided by delta^2 and the number of points (see the module), in
+    log x centred on its mean (c_j - p_j * mean, which takes most of the correlation of c_j and p_j out);
+    returns the optimum and its summed Huber loss."""
+    used = counts > 0
+    log_x, log_loss, counts = log_x[used], log_loss[used], counts[used]
+    centre, scale, shift = log_x.mean(axis=0), HUBER_DELTA ** 2 * counts.sum(), np.zeros(start.size)
+    shift[1::2] = centre
+    bounds = [(0.0, None) if j % 2 == 0 else (None, None) for j in range(start.size)]
+    result = minimize(_objective, start - shift * np.roll(start, -1), (log_x - centre, log_loss, counts / scale),
+                      method="L-BFGS-B", jac=True, bounds=bounds,
+                      options={"ftol": FTOL, "gtol": GTOL, "maxiter": MAX_ITER})
+    return result.x + shift * np.roll(result.x, -1), result.fun * scale
+
+
+def _fit(log_x: np.ndarray, log_loss: np.ndarray, start: np.ndarray | None = None,
+         counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fits of one law (log x: points x k) by `_minimise`, a fit per row of `counts` (the multiplicities
+    of the points; None: one fit, each point once). From `start`, every fit starts there; without, the
+    one fit is the best of those from the STARTS grid points of lowest objective. Returns theta (fits x
+    parameters) and each fit's summed Huber loss."""
+    counts = np.ones((1, len(log_loss))) if counts is None else counts
+    if start is None:
+        grid = np.array(list(itertools.product(LOG_E_GRID, *[LOG_COEFFICIENT_GRID, EXPONENT_GRID] * log_x.shape[1])))
+        grid[:, 0] = np.exp(grid[:, 0])
+        objective = [_objective(theta, log_x, log_loss, counts[0])[0] for theta in grid]
+        starts = grid[np.argsort(objective, kind="stable")[:STARTS]]
+        fits = [_minimise(theta, log_x, log_loss, counts[0]) for theta in starts]
+        theta, objective = min(fits, key=lambda fit: fit[1])
+        return theta[None], np.array([objective])
+    fits = [_minimise(start, log_x, log_loss, row) for row in counts]
+    return np.array([theta for theta, _ in fits]), np.array([objective for _, objective in fits])
+
+
+def _theta(law: DataLaw | JointLaw) -> np.ndarray:
+    if isinstance(law, DataLaw):
+        return np.array([law.E, np.log(law.B), law.beta])
+    return np.array([law.E, np.log(law.A), law.alpha, np.log(law.B), law.beta])
+
+
+def _data_law(theta: np.ndarray, objective: float, n_points: int) -> DataLaw:
+    return DataLaw(float(theta[0]), float(np.exp(theta[1])), float(theta[2]), float(objective), n_points)
+
+
+def _joint_law(theta: np.ndarray, objective: float, n_points: int) -> JointLaw:
+    e, a, alpha, b, beta = (float(v) for v in theta)
+    return JointLaw(e, float(np.exp(a)), alpha, float(np.exp(b)), beta, float(objective), n_points)
+
+
+def _predict(theta: np.ndarray, tokens: float) -> np.ndarray:
+    """The data law of each row of theta at `tokens`."""
+    return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * np.log(tokens))
+
+
+def _fits_and_refits(curves: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+    """For each (log x, log loss, multiplicities of the points in each resample): the fit to all points
+    from the grid (theta and its summed Huber loss), and the resamples' refits from it (thetas)."""
+    full = [(x, y, counts, *_fit(x, y)) for x, y, counts in curves]
+    return [(theta[0], objective[0], _fit(x, y, theta[0], counts)[0]) for x, y, counts, theta, objective in full]
 
 
 def fit_data_law(tokens, losses, start: DataLaw | None = None) -> DataLaw:
     """L(D) = E + B * D^-beta fitted to the points (several seeds per budget welcome), by Hoffmann et al.
-    2022 approach 3 (see the module). `start`: a fit to start from instead of the grid (the bootstrap's
-    refits start from the fit to all points). ConfigError: fewer than 3 budgets, or a value that is not
-    finite and positive."""
+    2022 approach 3 (see the module). `start`: a fit to start from instead of the grid. ConfigError:
+    fewer than 3 budgets, or a value that is not finite and positive."""
     tokens, losses = _curve(tokens, losses)
     _require_budgets(tokens, "L(D) = E + B*D^-beta")
-    theta0 = None if start is None else np.array([np.log(start.E), np.log(start.B), start.beta])
-    theta, objective = _minimise(np.log(tokens)[:, None], np.log(losses), theta0)
-    return DataLaw(float(np.exp(theta[0])), float(np.exp(theta[1])), float(theta[2]), objective, tokens.size)
+    start = None if start is None else _theta(start)
+    (theta,), (objective,) = _fit(np.log(tokens)[:, None], np.log(losses), start)
+    return _data_law(theta, objective, tokens.size)
 
 
 def fit_joint_law(params, tokens, losses, start: JointLaw | None = None) -> JointLaw:
@@ -244,17 +302,15 @@ def fit_joint_law(params, tokens, losses, start: JointLaw | None = None) -> Join
     if np.unique(params).size < MIN_SIZES:
         raise ConfigError(f"fit: L(N, D) needs at least {MIN_SIZES} model sizes, got {np.unique(params).size}")
     _require_budgets(tokens, "L(N, D)")
-    theta0 = None if start is None else np.array(
-        [np.log(start.E), np.log(start.A), start.alpha, np.log(start.B), start.beta])
-    theta, objective = _minimise(np.log(np.column_stack([params, tokens])), np.log(losses), theta0)
-    e, a, alpha, b, beta = (float(v) for v in theta)
-    return JointLaw(float(np.exp(e)), float(np.exp(a)), alpha, float(np.exp(b)), beta, objective, tokens.size)
+    log_x, start = np.log(np.column_stack([params, tokens])), None if start is None else _theta(start)
+    (theta,), (objective,) = _fit(log_x, np.log(losses), start)
+    return _joint_law(theta, objective, tokens.size)
 
 
-def _group(points: Sequence[Point], key: Callable[[Point], object]) -> dict[object, list[Point]]:
-    groups: dict[object, list[Point]] = {}
-    for point in points:
-        groups.setdefault(key(point), []).append(point)
+def _group(items, key: Callable) -> dict:
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
     return groups
 
 
@@ -268,42 +324,59 @@ def check_points(points: Sequence[Point]) -> list[Point]:
     return points
 
 
-def _arrays(points: Sequence[Point]) -> tuple[np.ndarray, np.ndarray]:
-    return np.array([p.tokens for p in points]), np.array([p.loss for p in points])
+def _stream(seed: int, *key) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(repr(tuple(map(str, key))).encode())])
 
 
-def _resample(points: list[Point], rng: np.random.Generator) -> list[Point]:
-    """Seeds drawn with replacement, then the points of each drawn seed drawn with replacement within
-    each (variant, size). Variants that share their seed labels share the seed draws: runs of the same
-    seed see the same data order, so their noise is paired. Points without a seed label form one seed."""
-    by_variant = _group(points, lambda p: p.variant)
-    seeds = {variant: sorted({p.seed for p in members}, key=str) for variant, members in by_variant.items()}
-    shared = len({tuple(map(str, labels)) for labels in seeds.values()}) == 1
-    first = next(iter(seeds.values()))
-    shared_draw = rng.integers(len(first), size=len(first)) if shared else None
-    drawn = []
-    for variant, members in by_variant.items():
-        labels = seeds[variant]
-        for k in shared_draw if shared else rng.integers(len(labels), size=len(labels)):
-            for stratum in _group([p for p in members if p.seed == labels[k]], lambda p: p.params).values():
-                drawn.extend(stratum[i] for i in rng.integers(len(stratum), size=len(stratum)))
-    return drawn
+class _Resampler:
+    """Resamples as multiplicities (resamples x points): seeds drawn with replacement, then within each
+    (variant, size) the points of each drawn seed with replacement. Variants with the same seed labels
+    share the seed draws: runs of the same seed see the same data order, so their noise is paired.
+    Points without a seed label form one seed. The seed draws come from a random stream per set of
+    labels, the point draws from one per (variant, size): a size's resamples are the same whatever
+    other sizes and variants are resampled with it."""
 
+    def __init__(self, points: list[Point], seed: int, salt: str = ""):
+        self.n, self.labels, self.groups = len(points), {}, []
+        for variant, members in _group(range(len(points)), lambda i: points[i].variant).items():
+            labels = tuple(sorted({points[i].seed for i in members}, key=str))
+            self.labels.setdefault(labels, _stream(seed, salt, *labels))
+            for params, group in _group(members, lambda i: points[i].params).items():
+                strata = [[i for i in group if points[i].seed == label] for label in labels]
+                table = np.zeros((len(labels), max(map(len, strata))), int)  # the points of each seed
+                for row, stratum in zip(table, strata):
+                    row[:len(stratum)] = stratum
+                budgets = np.unique([points[i].tokens for i in group], return_inverse=True)[1]
+                self.groups.append((labels, table, np.array([len(s) for s in strata]), budgets, group,
+                                    _stream(seed, salt, variant, params)))
 
-def _bootstrap_samples(points: list[Point], statistic: Callable[[list[Point]], Mapping[str, float]],
-                       resamples: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    samples: list[Mapping[str, float]] = []
-    redrawn = 0
-    while len(samples) < resamples:
-        try:
-            samples.append(statistic(_resample(points, rng)))
-        except ConfigError:  # the resample left a fit fewer than 3 budgets: draw another
-            redrawn += 1
-            if redrawn > resamples:
-                raise ConfigError(f"fit: {redrawn} bootstrap resamples had too few budgets to fit; "
-                                  "measure more budgets or seeds") from None
-    return {key: np.array([s[key] for s in samples]) for key in samples[0]}
+    def draw(self, resamples: int, need_budgets: bool) -> np.ndarray:
+        """`need_budgets`: a (variant, size) left with fewer than 3 budgets has its points drawn again
+        from the same seeds (after 20 tries, from seeds drawn again for it alone)."""
+        counts = np.zeros((resamples, self.n), int)
+        drawn = {labels: rng.integers(len(labels), size=(resamples, len(labels)))
+                 for labels, rng in self.labels.items()}
+        for labels, table, sizes, budgets, group, rng in self.groups:
+            seeds, rows = drawn[labels].copy(), np.arange(resamples)
+            for attempt in range(1000):
+                for k in seeds[rows].T:  # one drawn seed per row: its points, with replacement
+                    picks = (rng.random((len(rows), table.shape[1])) * sizes[k, None]).astype(int)
+                    taken = np.arange(table.shape[1]) < sizes[k, None]
+                    np.add.at(counts, (np.broadcast_to(rows[:, None], picks.shape)[taken],
+                                       table[k[:, None], picks][taken]), 1)
+                present = np.zeros((len(rows), budgets.max() + 1), bool)
+                for column, budget in zip(group, budgets):
+                    present[:, budget] |= counts[rows, column] > 0
+                rows = rows[present.sum(axis=1) < MIN_BUDGETS] if need_budgets else rows[:0]
+                if not rows.size:
+                    break
+                counts[np.ix_(rows, group)] = 0
+                if attempt % 20 == 19:
+                    seeds[rows] = rng.integers(len(labels), size=(len(rows), len(labels)))
+            else:
+                raise ConfigError("fit: bootstrap resamples keep leaving fewer than 3 budgets; "
+                                  "measure more budgets or seeds")
+        return counts
 
 
 def _estimate(value: float, samples: np.ndarray) -> Estimate:
@@ -314,74 +387,114 @@ def _estimate(value: float, samples: np.ndarray) -> Estimate:
 def bootstrap(points: Sequence[Point], statistic: Callable[[list[Point]], Mapping[str, float]],
               resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict[str, Estimate]:
     """Each value of ``statistic(points)`` with its 95 % percentile interval over `resamples` resamples
-    (see `_resample`: over seeds, then over the points of each seed), drawn from
-    ``numpy.random.default_rng(seed)``, so the same call gives the same intervals. Resamples that leave
-    a fit fewer than 3 budgets (the statistic raises ConfigError) are drawn again."""
+    (see `_Resampler`: over seeds, then over the points of each seed) drawn from `seed`, so the same
+    call gives the same intervals. Resamples on which the statistic raises ConfigError (e.g. a fit left
+    fewer than 3 budgets) are drawn again. `fit_variants` and `held_out_checks` refit their resamples
+    once for all their statistics instead."""
     points = check_points(points)
-    values = statistic(points)
-    samples = _bootstrap_samples(points, statistic, resamples, seed)
-    return {key: _estimate(value, samples[key]) for key, value in values.items()}
-
-
-def _data_law_statistic(law: DataLaw, params: float, budgets: Mapping[str, float]):
-    def statistic(points: list[Point]) -> dict[str, float]:
-        refit = fit_data_law(*_arrays(points), start=law)
-        return {"E": refit.E, "beta": refit.beta,
-                **{f"loss at {name}": float(refit.predict(ratio * params)) for name, ratio in budgets.items()}}
-    return statistic
-
-
-def _joint_law_statistic(law: JointLaw):
-    def statistic(points: list[Point]) -> dict[str, float]:
-        refit = fit_joint_law([p.params for p in points], *_arrays(points), start=law)
-        return {"E": refit.E, "alpha": refit.alpha, "beta": refit.beta}
-    return statistic
+    values, resampler, samples, redrawn = statistic(points), _Resampler(points, seed), [], 0
+    while len(samples) < resamples:
+        for row in resampler.draw(resamples - len(samples), need_budgets=False):
+            try:
+                samples.append(statistic([p for p, n in zip(points, row) for _ in range(n)]))
+            except ConfigError:
+                redrawn += 1
+                if redrawn > resamples:
+                    raise ConfigError(f"fit: {redrawn} bootstrap resamples had too few budgets to fit; "
+                                      "measure more budgets or seeds") from None
+    return {key: _estimate(value, np.array([s[key] for s in samples])) for key, value in values.items()}
 
 
 def fit_variants(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_BUDGETS,
-                 resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> list[VariantFit]:
+                 resamples: int = DEFAULT_RESAMPLES, seed: int = 0, joint: bool = True) -> list[VariantFit]:
     """Per variant (in order of first appearance): the data law of each size with intervals for "E",
-    "beta" and "loss at <budget name>" (budgets in tokens per parameter), and the joint law with
-    intervals for "E", "alpha", "beta" when the variant has 3 sizes or more."""
+    "beta" and "loss at <budget name>" (budgets in tokens per parameter), and (`joint`) the joint law
+    with intervals for "E", "alpha", "beta" when the variant has 3 sizes or more. All intervals come
+    from one set of `resamples` resamples (see `_Resampler`; a size left fewer than 3 budgets has its
+    points drawn again), refitted from the fits to all points; `fit_gaps` takes them on to the gaps."""
     points = check_points(points)
-    fits = []
-    for variant, members in _group(points, lambda p: p.variant).items():
-        sizes = []
-        for params, group in sorted(_group(members, lambda p: p.params).items()):
-            law = fit_data_law(*_arrays(group))
-            estimates = bootstrap(group, _data_law_statistic(law, params, budgets), resamples, seed)
-            sizes.append(SizeFit(params, len({p.tokens for p in group}), law, estimates))
-        joint, joint_estimates = None, {}
-        if len(sizes) >= MIN_SIZES:
-            joint = fit_joint_law([p.params for p in members], *_arrays(members))
-            joint_estimates = bootstrap(members, _joint_law_statistic(joint), resamples, seed)
-        fits.append(VariantFit(variant, tuple(sizes), joint, joint_estimates))
-    return fits
+    variants = _group(range(len(points)), lambda i: points[i].variant)
+    sizes = [(variant, params, group) for variant, members in variants.items()
+             for params, group in sorted(_group(members, lambda i: points[i].params).items())]
+    for _, _, group in sizes:
+        _require_budgets([points[i].tokens for i in group], "L(D) = E + B*D^-beta")
+    counts = _Resampler(points, seed).draw(resamples, need_budgets=True)
+    curves = [(np.log([[points[i].tokens] for i in group]), np.log([points[i].loss for i in group]), counts[:, group])
+              for _, _, group in sizes]
+    fits: dict[str, list[SizeFit]] = {variant: [] for variant in variants}
+    for (variant, params, group), (theta, objective, refits) in zip(sizes, _fits_and_refits(curves)):
+        law, named = _data_law(theta, objective, len(group)), {f"loss at {n}": r * params for n, r in budgets.items()}
+        samples = {"E": refits[:, 0], "beta": refits[:, 2], **{k: _predict(refits, d) for k, d in named.items()}}
+        values = {"E": law.E, "beta": law.beta, **{k: float(law.predict(d)) for k, d in named.items()}}
+        fits[variant].append(SizeFit(params, len({points[i].tokens for i in group}), law,
+                                     {k: _estimate(values[k], samples[k]) for k in values}, samples))
+    joints = [variant for variant in variants if joint and len(fits[variant]) >= MIN_SIZES]
+    curves = [(np.log([[points[i].params, points[i].tokens] for i in variants[v]]),
+               np.log([points[i].loss for i in variants[v]]), counts[:, variants[v]]) for v in joints]
+    joint_fits = {}
+    for variant, (theta, objective, refits) in zip(joints, _fits_and_refits(curves)):
+        law = _joint_law(theta, objective, len(variants[variant]))
+        joint_fits[variant] = (law, {key: _estimate(getattr(law, key), refits[:, column])
+                                     for key, column in (("E", 0), ("alpha", 2), ("beta", 4))})
+    return [VariantFit(v, tuple(fits[v]), *joint_fits.get(v, (None, {}))) for v in variants]
 
 
-def _gap_statistic(a: str, b: str, laws: dict[str, DataLaw], params: float, budgets: Mapping[str, float]):
-    def statistic(points: list[Point]) -> dict[str, float]:
-        refits = {v: fit_data_law(*_arrays([p for p in points if p.variant == v]), start=laws[v]) for v in (a, b)}
-        return {name: float(refits[a].predict(ratio * params) - refits[b].predict(ratio * params))
-                for name, ratio in budgets.items()}
-    return statistic
+def fit_gaps(fits: Sequence[VariantFit], a: str, b: str, budgets: Mapping[str, float] = DEFAULT_BUDGETS) -> list[Gap]:
+    """Variant `a`'s fitted loss minus variant `b`'s at each budget (those given to `fit_variants`), per
+    model size both have, from fits of one `fit_variants` call, resample by resample: the interval
+    carries the noise of both and their pairing (the same seeds drawn for both, when their seed labels
+    are the same)."""
+    by_variant = {fit.variant: {size.params: size for size in fit.sizes} for fit in fits}
+    common = sorted(set(by_variant[a]) & set(by_variant[b]))
+    if not common:
+        raise ConfigError(f"fit: variants {a!r} and {b!r} have no model size in common")
+    return [Gap(a, b, params, name, ratio * params, _estimate(
+                float(size_a.law.predict(ratio * params) - size_b.law.predict(ratio * params)),
+                size_a.samples[f"loss at {name}"] - size_b.samples[f"loss at {name}"]))
+            for params in common for size_a, size_b in [(by_variant[a][params], by_variant[b][params])]
+            for name, ratio in budgets.items()]
 
 
 def gap(points: Sequence[Point], a: str, b: str, budgets: Mapping[str, float] = DEFAULT_BUDGETS,
         resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> list[Gap]:
-    """Variant `a`'s fitted loss minus variant `b`'s at each budget, per model size both have; both data
-    laws are refitted on each resample, so the interval carries the noise of both and their pairing."""
+    """`fit_gaps` of variants `a` and `b` at the model sizes both have: the same intervals as
+    `fit_variants` (with the same `seed`, whatever other variants it fits) and `fit_gaps` give."""
     points = [p for p in check_points(points) if p.variant in (a, b)]
-    sizes = sorted({p.params for p in points if p.variant == a} & {p.params for p in points if p.variant == b})
-    if not sizes:
+    common = {p.params for p in points if p.variant == a} & {p.params for p in points if p.variant == b}
+    if not common:
         raise ConfigError(f"fit: variants {a!r} and {b!r} have no model size in common")
-    gaps = []
-    for params in sizes:
-        group = [p for p in points if p.params == params]
-        laws = {v: fit_data_law(*_arrays([p for p in group if p.variant == v])) for v in (a, b)}
-        estimates = bootstrap(group, _gap_statistic(a, b, laws, params, budgets), resamples, seed)
-        gaps.extend(Gap(a, b, params, name, ratio * params, estimates[name]) for name, ratio in budgets.items())
-    return gaps
+    fits = fit_variants([p for p in points if p.params in common], budgets, resamples, seed, joint=False)
+    return fit_gaps(fits, a, b, budgets)
+
+
+def held_out_checks(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES,
+                    seed: int = 0) -> dict[tuple[str, float], HeldOutCheck | ConfigError]:
+    """`held_out_check` of each (variant, size) of the points, on resamples drawn once: per (variant,
+    params), the check or the ConfigError that says why there is none."""
+    results: dict[tuple[str, float], HeldOutCheck | ConfigError] = {}
+    cases, curves = [], []
+    for key, group in _group(check_points(points), lambda p: (p.variant, p.params)).items():
+        largest = max(p.tokens for p in group)
+        fitted = [p for p in group if p.tokens <= largest / 2]
+        try:
+            _require_budgets([p.tokens for p in fitted], "the held-out check (on budgets up to half the largest)")
+        except ConfigError as error:
+            results[key] = error
+            continue
+        cases.append((key, fitted, largest, [p.loss for p in group if p.tokens == largest]))
+        curves.append((np.log([[p.tokens] for p in fitted]), np.log([p.loss for p in fitted]),
+                       _Resampler(fitted, seed, "held out").draw(resamples, need_budgets=True)))
+    for (key, fitted, largest, measured), (log_tokens, log_loss, counts), (theta, objective, refits) in zip(
+            cases, curves, _fits_and_refits(curves)):
+        law = _data_law(theta, objective, len(fitted))
+        # per resample, one log residual of its refit per measured run, drawn from its points
+        residuals = log_loss - np.log(refits[:, :1] + np.exp(refits[:, 1:2] - refits[:, 2:] * log_tokens[:, 0]))
+        drawn = _stream(seed, "held-out noise", *key).random((resamples, len(measured))) * counts.sum(1, keepdims=True)
+        picks = (counts.cumsum(axis=1)[:, None, :] <= drawn.astype(int)[:, :, None]).sum(axis=2)
+        samples = _predict(refits, largest) * np.exp(np.take_along_axis(residuals, picks, axis=1)).mean(axis=1)
+        results[key] = HeldOutCheck(key[0], key[1], largest, max(p.tokens for p in fitted), _estimate(
+            float(law.predict(largest)), samples), float(np.mean(measured)), len(measured))
+    return results
 
 
 def held_out_check(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> HeldOutCheck:
@@ -392,23 +505,10 @@ def held_out_check(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES, 
     points = check_points(points)
     if len({(p.variant, p.params) for p in points}) > 1:
         raise ConfigError("fit: held_out_check takes the points of one variant and one model size")
-    largest = max(p.tokens for p in points)
-    fitted = [p for p in points if p.tokens <= largest / 2]
-    _require_budgets(np.array([p.tokens for p in fitted]), "the held-out check (on budgets up to half the largest)")
-    measured = [p.loss for p in points if p.tokens == largest]
-    law = fit_data_law(*_arrays(fitted))
-    noise_rng = np.random.default_rng([seed, 1])  # a stream of its own, apart from the resampling
-
-    def statistic(resampled: list[Point]) -> dict[str, float]:
-        tokens, losses = _arrays(resampled)
-        refit = fit_data_law(tokens, losses, start=law)
-        residuals = np.log(losses) - np.log(refit.predict(tokens))
-        runs = refit.predict(largest) * np.exp(noise_rng.choice(residuals, size=len(measured)))
-        return {"mean": float(runs.mean())}
-
-    samples = _bootstrap_samples(fitted, statistic, resamples, seed)["mean"]
-    return HeldOutCheck(points[0].variant, points[0].params, largest, max(p.tokens for p in fitted),
-                        _estimate(float(law.predict(largest)), samples), float(np.mean(measured)), len(measured))
+    (check,) = held_out_checks(points, resamples, seed).values()
+    if isinstance(check, ConfigError):
+        raise check
+    return check
 
 
 def tail_slope(tokens, losses, noise: float | None = None) -> TailSlope:

@@ -1,6 +1,8 @@
 """The report section of the scaling-law fits (`ropelab.study.fit`): tables of the fitted laws with
 their bootstrap intervals, the gaps between variants, a held-out check per variant and size, and a
-figure of loss against tokens with the fitted curves."""
+figure of loss against tokens with the fitted curves. The laws, named budgets and gaps share one set
+of resamples (`fit_variants`, then `fit_gaps`); the held-out checks refit theirs in one batch
+(`held_out_checks`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy as np
 
 from ropelab.config import ConfigError
 from ropelab.study.fit import (DEFAULT_BUDGETS, DEFAULT_RESAMPLES, MIN_BUDGETS, Gap, Point, VariantFit,
-                               check_points, fit_variants, gap, held_out_check)
+                               check_points, fit_gaps, fit_variants, held_out_checks)
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.section import Section, html_table, markdown_table
 
@@ -76,14 +78,13 @@ def plot_fits(points: Sequence[Point], fits: Sequence[VariantFit]) -> bytes:
 
 
 def _held_out_lines(points: Sequence[Point], fits: Sequence[VariantFit], resamples: int, seed: int) -> list[str]:
+    checks = held_out_checks(points, resamples, seed)
     lines = []
     for fit in fits:
         for size in fit.sizes:
-            members = [p for p in points if p.variant == fit.variant and p.params == size.params]
-            try:
-                lines.append(str(held_out_check(members, resamples, seed)))
-            except ConfigError as error:  # fewer than 3 budgets up to half the largest
-                lines.append(f"held-out check {fit.variant} N={size.params:.3g}: not possible ({error})")
+            check = checks[fit.variant, size.params]
+            lines.append(f"held-out check {fit.variant} N={size.params:.3g}: not possible ({check})"  # too few budgets
+                         if isinstance(check, ConfigError) else str(check))
     return lines
 
 
@@ -103,14 +104,14 @@ def fit_section(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_
     fits = fit_variants(fitted, budgets, resamples, seed)
     baseline = fits[0]
     gaps = [g for fit in fits[1:] if {s.params for s in fit.sizes} & {s.params for s in baseline.sizes}
-            for g in gap(fitted, fit.variant, baseline.variant, budgets, resamples, seed)]
+            for g in fit_gaps(fits, fit.variant, baseline.variant, budgets)]
     tables = fit_tables(fits, budgets, gaps)
     checks = _held_out_lines(fitted, fits, resamples, seed)
     skipped = [f"{variant} N={params:.3g}" for variant, params in tokens_by_size if (variant, params) not in fittable]
     intro = ("L(D) = E + B D^-beta per variant and model size, and L(N, D) = E + A N^-alpha + B D^-beta for variants "
              "with 3 sizes or more, fitted as Hoffmann et al. 2022 (approach 3): Huber loss of log residuals, "
-             "L-BFGS-B from a grid. Brackets: 95 % bootstrap intervals over seeds and the points of each seed "
-             f"({resamples} resamples). Budgets in tokens per parameter: "
+             "scipy's L-BFGS-B from a grid. Brackets: 95 % bootstrap intervals over seeds and the points of each seed "
+             f"({resamples} resamples, the same for the laws, budgets and gaps). Budgets in tokens per parameter: "
              + ", ".join(f"{name} = {ratio:g} N" for name, ratio in budgets.items()) + ".")
     notes = checks + ([f"not fitted (fewer than {MIN_BUDGETS} budgets): {', '.join(skipped)}"] if skipped else [])
     markdown = "\n\n".join([intro, f"![scaling fit]({FIGURE_NAME})",

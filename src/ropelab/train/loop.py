@@ -196,7 +196,7 @@ def train(
             check_init(config)
         if config.train.branch_from:
             branch = branch_point(config)
-        check_new_run_folder(run_dir)  # before RunLock makes the folder and its .lock
+        check_new_run_folder(run_dir, probe_lock=env.is_main)  # before RunLock makes the folder and its .lock
     stop = StopSignals()  # from here on a stop signal waits for the loop's next step boundary (`ropelab.train.stop`)
     lock = None
     try:
@@ -234,7 +234,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             return TrainResult(**{**result, "run_dir": run_dir})
         latest = _resume_checkpoint(run_dir, from_checkpoint, tc.verify_checkpoints, env)
     else:
-        check_new_run_folder(run_dir, locked_here=True)
+        check_new_run_folder(run_dir, probe_lock=False)
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
 
     phases = resolve_phases(config, env.world)

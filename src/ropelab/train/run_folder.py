@@ -18,13 +18,13 @@ from ropelab.train.lock import RunLocked, is_locked
 LEFT_BEFORE_START = (".lock", "tensorboard", "checkpoints/.tmp_step_*", ".*.partial", "train.log", "error.txt")
 
 
-def check_new_run_folder(run_dir: str | Path, locked_here: bool = False) -> Path:
+def check_new_run_folder(run_dir: str | Path, probe_lock: bool = True) -> Path:
     """`run_dir` as a Path a new run may train into, or a one-line ConfigError (RunLocked while another
-    trainer holds it: that one is still writing what the checks below would find). `locked_here`: this
-    process holds the run's lock (the check after acquiring it: another run may have finished there
-    between the first check and the lock)."""
+    trainer holds it: that one is still writing what the checks below would find). Without `probe_lock`
+    the lock is left alone: the trainer's check after taking it (another run may have finished there
+    between the first check and the lock), and the other ranks of a torchrun job (rank 0 holds it)."""
     run_dir = output_folder(run_dir, "ropelab train", own=None)
-    holder = None if locked_here else is_locked(run_dir)
+    holder = is_locked(run_dir) if probe_lock else None
     if holder:
         raise RunLocked(f"{run_dir}: another trainer is running in it ({holder}); wait for it to finish or stop it")
     if (run_dir / CONFIG).exists() or (run_dir / "metrics.jsonl").exists():
