@@ -45,6 +45,7 @@ def test_a_claim_is_judged_and_reported_and_a_rerun_adds_to_the_timings(tmp_path
     assert outcome["findings"]["rq1"].verdict.outcome == "holds"
     report = json.loads((tmp_path / "out" / "claims.json").read_text())
     assert [c["id"] for c in report["claims"]] == ["rq1"] and report["claims"][0]["verdict"] == "holds"
+    assert "tokens per non-embedding parameter" in report["claims"][0]["regime"]
     assert report["meta"]["studies"][0]["name"] == "partial-scaling" and report["meta"]["studies"][0]["runs"] == 80
     assert (tmp_path / "out" / "claims.html").read_text().count('href="#claim-rq1"') >= 1
     first = json.loads((tmp_path / "out" / "timings.json").read_text())["partial-scaling"]

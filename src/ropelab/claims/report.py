@@ -237,7 +237,7 @@ def render_html(entries: Entries, meta: dict) -> str:
 def render_json(entries: Entries, meta: dict) -> str:
     claims = [{"id": claim.id, "seed": claim.seed, "section": claim.section, "statement": claim.statement,
                "studies": list(claim.studies), "measured": finding.measured, "verdict": finding.verdict.outcome,
-               "reason": finding.verdict.reason,
+               "reason": finding.verdict.reason, "regime": finding.regime, "seed_regime": claim.seed_regime,
                "table": None if finding.table is None else {"header": finding.table[0], "rows": finding.table[1]},
                "note": finding.note, "figure": None if finding.figure is None else figure_path(claim),
                "figure_caption": finding.figure_caption}

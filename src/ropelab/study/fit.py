@@ -49,6 +49,7 @@ __all__ = ["DEFAULT_BUDGETS", "DEFAULT_RESAMPLES", "DataLaw", "Estimate", "Gap",
            "fit_joint_law", "fit_variants", "gap", "held_out_check", "held_out_checks", "tail_slope"]
 
 HUBER_DELTA = 1e-3
+HALF_TOLERANCE = 1.01
 # Chinchilla's grid of starting points: log E, the log coefficients, the exponents
 LOG_E_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5)
 LOG_COEFFICIENT_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
@@ -475,7 +476,8 @@ def held_out_checks(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES,
     cases, curves = [], []
     for key, group in _group(check_points(points), lambda p: (p.variant, p.params)).items():
         largest = max(p.tokens for p in group)
-        fitted = [p for p in group if p.tokens <= largest / 2]
+        # "half": within the rounding of budgets to whole optimizer steps (a study's 10 and 20 tokens/param)
+        fitted = [p for p in group if p.tokens <= largest / 2 * HALF_TOLERANCE]
         try:
             _require_budgets([p.tokens for p in fitted], "the held-out check (on budgets up to half the largest)")
         except ConfigError as error:
