@@ -22,6 +22,7 @@ from ropelab.claims.frontiers import (
 from ropelab.claims.groups import finish_axes, mean_text, pick, schedule, seed_groups, study_rows, variant_of
 from ropelab.claims.paths import EVAL_TASKS, REPO_ROOT
 from ropelab.claims.verdict import higher, lower, matches, present, rises_sharply
+from ropelab.config import ConfigError
 from ropelab.evaluate.lm_eval import evaluate_lm
 from ropelab.study.frontier import read_frontier_record
 from ropelab.study.plots import new_figure, png_bytes
@@ -66,7 +67,9 @@ def _judge_rq3(studies: Mapping[str, Path]) -> Finding:
                                       [f"{v}-len{length}" for v in THREE]).values()
         lengths[length] = {name.removesuffix(f"-len{length}"): f for name, f in frontiers.items()}
     by_size = size_frontiers(studies[SCALING], list(THREE))
-    same_size = next(params for params in by_size if params == _params_of(studies["partial-lengths"]))
+    same_size = _params_of(studies["partial-lengths"])
+    if same_size not in by_size:
+        raise ConfigError(f"partial-scaling has no model of partial-lengths' size ({same_size:,} parameters) for 256 tokens")
     lengths[256] = by_size[same_size]
     lengths = dict(sorted(lengths.items()))
     parts: Parts = [part for length, frontiers in lengths.items()
