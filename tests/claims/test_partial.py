@@ -118,3 +118,19 @@ def test_every_study_a_claim_needs_is_shipped():
 
     shipped = {p.stem for p in CLAIMS_CONFIGS.glob("*.yaml")}
     assert {stem for claim in ALL for stem in claim.studies} <= shipped
+
+
+def test_rq6_reads_lambada_perplexity_on_a_log_scale(tmp_path, monkeypatch):
+    """A thousandfold drop counts though the highest group's seeds are 1e9 and 5e8 apart."""
+    from ropelab.claims import partial
+
+    perplexity = {"nope": (2.8e9, 2.8e9), "2ch": (1.9e9, 5.3e8), "rope10": (2.2e6, 3.1e6), "rope25": (1.7e6, 1.9e6),
+                  "rope100": (1.7e6, 2.5e6)}
+    runs = [{"run": f"/x/{variant}-n_layer3-seed{seed}-20tpp",
+             "metrics": {"lambada_stdlib": {"perplexity": [values[seed]]}, "nextline_stdlib": {"acc_norm": [0.37]},
+                         "python_mc": {"acc_norm": [0.25 + 0.125 * seed]}}}
+            for variant, values in perplexity.items() for seed in (0, 1)]
+    monkeypatch.setattr(partial, "lm_eval_results", lambda study_dir: {"runs": runs, "tasks": list(partial.RQ6_TASKS)})
+    monkeypatch.setattr(partial, "regime", lambda study_dir, largest_only=False: "20 tokens per non-embedding parameter")
+    found = CLAIMS["rq6"].judge({"partial-scaling": tmp_path})
+    assert found.table[1][0][1] == HOLDS and "log perplexity" in found.table[1][0][0]
