@@ -178,16 +178,14 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from ropelab.study.frontier_report import frontier_sections, write_fit
+    from ropelab.study.frontier_report import fit_sections, write_fit
 
     if args.out is not None:
-        paths = write_fit(args.study_dir, output_folder(args.out, "ropelab fit"))
+        paths = write_fit(args.study_dir, args.out)
         print(paths["fit.md"].read_text())
         print(f"written: {', '.join(str(p) for p in paths.values())}")
         return 0
-    sections = frontier_sections(args.study_dir)
-    if not sections:
-        raise ConfigError(f"{args.study_dir}: no finished frontier runs to fit (a study with a `frontier` key writes them)")
+    sections = fit_sections(args.study_dir)
     print("\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections))
     return 0
 
