@@ -155,16 +155,21 @@ def frontier_runs(run_id: str, variant: str, tree: dict, config: RunConfig,
     return runs
 
 
-def read_frontier_record(study_dir: Path) -> dict[str, FrontierRun]:
-    """{run id: FrontierRun} from the study's study.yaml ({} for a study without a frontier, or a folder
-    without study.yaml)."""
+def read_study_record(study_dir: Path) -> dict:
+    """The study's study.yaml ({} for a folder without one); one line when it is damaged."""
     path = Path(study_dir) / "study.yaml"
     if not path.is_file():
         return {}
     try:
-        record = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the study record is damaged") from None
+
+
+def read_frontier_record(study_dir: Path) -> dict[str, FrontierRun]:
+    """{run id: FrontierRun} from the study's study.yaml ({} for a study without a frontier, or a folder
+    without study.yaml)."""
+    record = read_study_record(study_dir)
     return {run_id: FrontierRun(**entry) for run_id, entry in (record.get("frontier") or {}).items()}
 
 
@@ -183,4 +188,4 @@ def frontier_points(study_dir: Path, roles: tuple[str, ...] = ("cooldown",)) -> 
 
 
 __all__ = ["FrontierConfig", "FrontierRun", "parse_frontier", "frontier_runs", "non_embedding_params",
-           "read_frontier_record", "frontier_points", "budget_label"]
+           "read_study_record", "read_frontier_record", "frontier_points", "budget_label"]

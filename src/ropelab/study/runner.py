@@ -29,6 +29,7 @@ import yaml
 from ropelab.config import ConfigError
 from ropelab.files import write_atomically
 from ropelab.sources.runs import CONFIG, RESULT
+from ropelab.study.frontier import read_study_record
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.study.teacher_cache import shared_caches, write_shared_caches
 from ropelab.train.checkpoint import latest_checkpoint
@@ -57,11 +58,7 @@ def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) ->
         record["frontier"] = {r.id: dataclasses.asdict(r.frontier) for r in runs if r.frontier}
     path = study_dir / "study.yaml"
     if path.exists():
-        try:
-            previous = yaml.safe_load(path.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the study record is damaged") from None
-        old = previous.get("runs", {})
+        old = read_study_record(study_dir).get("runs", {})
         if set(old) != set(record["runs"]) or any(old[k] != record["runs"][k] for k in old):
             raise ConfigError(f"{study_dir}: holds runs from a different grid ({path.name} differs); choose another --out")
         return
