@@ -3,7 +3,7 @@
     python benchmarks/gpu.py              # about 3-5 minutes on an H100/H200; exits 0 without CUDA
     python benchmarks/gpu.py --dry-run    # the same code on CPU with tiny shapes (what the tests run)
 
-1. rope: `rope_triton.rotate_qk_` (forward direction; backward is the same kernel at -angle) on q and
+1. rope: `rope.triton_kernel.rotate_qk_` (forward direction; backward is the same kernel at -angle) on q and
    k shaped like the llama-3.2-1b preset's attention (batch x 32 x 2048 x 64 and batch x 8 x 2048 x 64,
    bf16), angles from the cos/sin table or from the frequencies (cache none). Achieved bandwidth =
    bytes the kernel must move (read + write of the rotary channels of q and k) / median time, as a

@@ -9,10 +9,12 @@ Stages, each a subprocess with its own timeout (`STAGES`: 260 + 150 + 50 s at mo
 fails or runs out of time is recorded with the tail of its output and the next one still runs; the
 exit status is 1 if any failed. Without CUDA (and without --dry-run) every stage is skipped. No
 install is needed: the stages run with this checkout's src/ on PYTHONPATH.
-1. cuda_tests: ``pytest -m cuda tests/test_cuda.py``, output in cuda_tests.log and JUnit XML in
+1. cuda_tests: ``pytest -m cuda`` over `CUDA_TEST_FILES`, output in cuda_tests.log and JUnit XML in
    cuda_tests.xml: the Triton RoPE kernel against the reference, compiled FlexAttention against the
    dense mask, a bf16 run killed and resumed exactly, torch.compile, DDP / FSDP2 over NCCL and torchrun
-   on the one GPU. On a CUDA machine a skipped test fails the stage: nothing there should skip.
+   on the one GPU (tests/test_cuda.py); the fused norm + projection layers under CUDA autocast, bf16 and
+   fp16, against autocast's own plain expressions, alone and in a training step (tests/test_layers.py,
+   tests/test_model.py). On a CUDA machine a skipped test fails the stage: nothing there should skip.
 2. gpu: ``benchmarks/gpu.py``, its JSON record kept (also in gpu.json): the RoPE kernel's bandwidth as
    a share of the datasheet HBM peak, tokens/s and MFU of a compiled llama-3.2-1b training step at
    4 x 2048 tokens in bf16; the targets (>= 70% of the peak at fraction 1.0, >= 40% MFU) marked met
@@ -48,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TAIL_CHARS = 3000
 ROPE_TARGET, MFU_TARGET = 0.70, 0.40  # benchmarks/gpu.py's targets
+CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_layers.py", "tests/test_model.py")  # their `cuda`-marked tests
 
 
 class StageFailed(Exception):
@@ -118,7 +121,7 @@ def cuda_tests(log: Path, dry_run: bool, timeout: float) -> dict:
     # -rfEs: the reasons of failures, errors and skips at the end, where the recorded tail is;
     # -n 0: one process for the one GPU (pyproject.toml's addopts start a pytest-xdist worker per core)
     code = run_logged([sys.executable, "-m", "pytest", "-n", "0", "-m", "cuda", "-v", "--tb=short", "--durations=15",
-                       "-rfEs", "-p", "no:cacheprovider", f"--junitxml={xml}", "tests/test_cuda.py"], log, timeout)
+                       "-rfEs", "-p", "no:cacheprovider", f"--junitxml={xml}", *CUDA_TEST_FILES], log, timeout)
     if not xml.is_file():
         raise StageFailed(f"exit status {code}, no JUnit XML written")
     figures = {**junit_counts(xml), "junit": xml.name}

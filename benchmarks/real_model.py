@@ -51,9 +51,19 @@ process loaded (`from_config`, same attention implementation) and loads its stat
 before any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
 `save_pretrained`); the ropelab subprocess loads its model as above.
 
+GEMM floor: after its timed runs, each training row runs once more per library under torch.profiler
+(CPU), and the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm, addmm, bmm,
+baddbmm, addbmm, _addmm_activation). linear and matmul are not counted: they are composites that call
+those, their own time the reshaping around them. Attention is not counted either: both libraries run
+PyTorch's fused CPU attention kernel (_scaled_dot_product_flash_attention_for_cpu and its backward),
+whose products sit inside it with the softmax; an attention path that decomposes into bmm / baddbmm
+would count. A row's figure is the median step time over that GEMM time: 1.0 would be a step that
+does nothing but its matrix products (attention and AdamW included in the step, not in the floor).
+
 Prints a table, the ratios against the targets of issue #15 (every row at least as fast as HF; the
-training step at least 1.15x HF's tokens/s with at most 0.6x HF's peak memory), then ONE JSON line
-with every figure, the CPU kind and the load average. benchmarks/train.py has no timing or CPU
+training step at least 1.15x HF's tokens/s with at most 0.6x HF's peak memory) and of issue #30
+(ropelab's training steps at most 1.10x their GEMM floor), then ONE JSON line with every figure, the
+CPU kind and the load average. benchmarks/train.py has no timing or CPU
 helpers to share (it times inline), so this script has its own.
 """
 
@@ -112,6 +122,8 @@ ROWS = {
 # ropelab / HF tokens/s, at least; every training row against HF's default training step
 SPEED_TARGETS = {"forward2k": 1.0, "forward8k": 1.0, "train": 1.15, "train-mlp": 1.15, "train-full": 1.15}
 MEMORY_TARGETS = {"train": 0.6, "train-mlp": 0.6, "train-full": 0.6}  # ropelab / HF peak memory, at most
+GEMM_FLOOR_TARGETS = {"train": 1.10, "train-mlp": 1.10, "train-full": 1.10}  # ropelab's step / its GEMM time, at most
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation")
 
 
 def shape_of(row: Row, quick: bool) -> tuple[int, int]:
@@ -354,6 +366,21 @@ def time_row(runs: dict[str, Callable], reps: int, warmup: int) -> tuple[dict[st
     return times, first
 
 
+def gemm_profile(run: Callable) -> dict:
+    """One call of `run` under torch.profiler: its wall seconds, and the self seconds and calls of each
+    op of GEMM_OPS that it ran, with their sum."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    ops = {e.key: {"calls": e.count, "self_s": e.self_cpu_time_total / 1e6}
+           for e in prof.key_averages() if e.key in GEMM_OPS}
+    return {"profiled_s": round(wall, 6), "gemm_s": round(sum(op["self_s"] for op in ops.values()), 6),
+            "gemm_ops": {key: {**op, "self_s": round(op["self_s"], 6)} for key, op in sorted(ops.items())}}
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}, load average {loadavg()}", file=sys.stderr, flush=True)
 
@@ -458,6 +485,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
             batch, seq = shape_of(row, args.quick)
             runs = {library: make_run(library, model, row, args.quick, precision) for library, model in models.items()}
             times, first = time_row(runs, args.reps, args.warmup)
+            floors = {library: gemm_profile(runs[library]) for library in LIBRARIES} if row.kind == "train" else {}
             del runs
             progress(f"timed {precision} {name}: " + ", ".join(
                 f"{library} {statistics.median(times[library]):.2f} s" for library in LIBRARIES))
@@ -466,6 +494,10 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
                 results[f"{precision}/{name}/{library}"] = {
                     "batch": batch, "seq": seq, "seconds": [round(t, 4) for t in times[library]],
                     "median_s": round(median, 4), "tokens_per_s": round(batch * seq / median, 1)}
+                if library in floors:
+                    floor = floors[library]
+                    results[f"{precision}/{name}/{library}"].update(
+                        {**floor, "gemm_floor": round(median / floor["gemm_s"], 4) if floor["gemm_s"] else None})
             per_rep = [t_hf / t_ours for t_ours, t_hf in zip(times["ropelab"], times["hf"])]
             ratios[f"{precision}/{name}"] = {"speed": round(statistics.median(per_rep), 4),
                                              "speed_min": round(min(per_rep), 4), "speed_max": round(max(per_rep), 4)}
@@ -500,23 +532,28 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
             targets[f"{key}/speed"] = target(ratios[key]["speed"], SPEED_TARGETS[name], True)
             if name in MEMORY_TARGETS and ratios[key]["peak_memory"] is not None:
                 targets[f"{key}/peak_memory"] = target(ratios[key]["peak_memory"], MEMORY_TARGETS[name], False)
+            floor = results[f"{key}/ropelab"].get("gemm_floor")
+            if name in GEMM_FLOOR_TARGETS and floor is not None:
+                targets[f"{key}/gemm_floor"] = target(floor, GEMM_FLOOR_TARGETS[name], False)
 
     print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); peak memory: peak RSS of a "
           f"fresh process (forward: 1 run, train: 2 steps) minus its RSS after loading (one process per "
           f"{'(library, row)' if isolate == 'row' else 'library'})")
     print(f"{'row':<10} {'prec':<5} {'library':<8} {'tokens':>7} {'median s':>9} {'tokens/s':>9} "
-          f"{'peak MiB':>9} {'loaded':>7}")
+          f"{'peak MiB':>9} {'loaded':>7} {'GEMM s':>7} {'step/GEMM':>9}")
     for key, r in results.items():
         precision, name, library = key.split("/")
+        gemm = "-" if r.get("gemm_s") is None else f"{r['gemm_s']:.3f}"
+        floor = "-" if r.get("gemm_floor") is None else f"{r['gemm_floor']:.2f}x"
         print(f"{name:<10} {precision:<5} {library:<8} {str(r['batch']) + 'x' + str(r['seq']):>7} {r['median_s']:9.3f} "
-              f"{r['tokens_per_s']:9.0f} {r['added_mib']:9.0f} {r['loaded_mib']:7.0f}")
+              f"{r['tokens_per_s']:9.0f} {r['added_mib']:9.0f} {r['loaded_mib']:7.0f} {gemm:>7} {floor:>9}")
     print("ropelab / HF:")
     for key, r in ratios.items():
         memory = "-" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}x"
         line = (f"  {key:<16} speed {r['speed']:.2f}x (runs {r['speed_min']:.2f}-{r['speed_max']:.2f}), "
                 f"peak memory {memory}")
         marks = [f"{what} {t['target']}: {'met' if t['met'] else 'NOT met'}"
-                 for what in ("speed", "peak_memory") if (t := targets.get(f"{key}/{what}"))]
+                 for what in ("speed", "peak_memory", "gemm_floor") if (t := targets.get(f"{key}/{what}"))]
         print(line + ("   targets: " + "; ".join(marks) if marks else ""))
     for key, pair in losses.items():
         print(f"  {key} first-step loss: ropelab {pair['ropelab']:.5f}, HF {pair['hf']:.5f}")
@@ -529,6 +566,9 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after "
                          "loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
+        "gemm_method": "gemm_floor: median step seconds over the summed self CPU seconds of GEMM_OPS in one "
+                       "torch.profiler pass of the same step (attention's fused kernels not counted)",
+        "gemm_ops": list(GEMM_OPS),
         "precisions": precisions, "not_measured": not_measured, "rows": rows,
         "results": results, "ratios": ratios, "first_losses": losses, "targets": targets,
         "all_targets_met": all(t["met"] for t in targets.values()),

@@ -6,8 +6,8 @@
 
 Methods (each timed on the same fresh inputs, in rotating order, median of --reps):
   ropelab      RotaryEmbedding.forward (cache=table) -> the in-place fast path `PartialRotary`, which
-               rotates with the C kernel `rope_cpu` (one loop over q and k)
-  ropelab_torch  the same with the C kernel switched off: `rope.rotate_`, eager PyTorch ops
+               rotates with the C kernel `rope.cpu_kernel` (one loop over q and k)
+  ropelab_torch  the same with the C kernel switched off: `rope.kernels.rotate_`, eager PyTorch ops
   ropelab_ref  the same module with inplace=False -> out-of-place reference `apply_partial_rope`
   hf_neox      transformers GPT-NeoX `apply_rotary_pos_emb` (slices, rotates, concatenates)
   hf_llama     transformers Llama `apply_rotary_pos_emb` (full rotation; fraction 1.0 only)
@@ -16,7 +16,7 @@ Methods (each timed on the same fresh inputs, in rotating order, median of --rep
                reads and writes back the rotated channels of every row of q and k in place, with
                the kernel's prefetch hint and threads, and no arithmetic or angles. Its
                time(0.1) / time(1.0) is what the memory system allows for that ratio.
-Selected-pair plans (`ropelab.rope_pairs`), one per --keep-pairs r of the head_dim/2 pairs, rows @r:
+Selected-pair plans (`ropelab.rope.pairs`), one per --keep-pairs r of the head_dim/2 pairs, rows @r:
   plan_shared      every KV head keeps the same r pairs (select uniform): one (positions, r) table,
                    the fast path and C kernel of partial RoPE with rotary_dims 2r
   plan_shared_torch  the same with the C kernel switched off (eager torch ops)
@@ -47,10 +47,10 @@ import torch
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_neox_apply
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_llama_apply
 
-from ropelab import rope_cpu
 from ropelab.config import RopeConfig
 from ropelab.config import resolve_rotary_dims
 from ropelab.rope import RotaryEmbedding
+from ropelab.rope import cpu_kernel as rope_cpu
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOUCH_SOURCE = r"""

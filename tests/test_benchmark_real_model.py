@@ -1,7 +1,8 @@
 """benchmarks/real_model.py --quick: 2 random layers of SmolLM2-135M's shape, tiny lengths; no model file needed.
 
 Runs the script in this process (its memory measurements still run in subprocesses) and checks that the
-JSON line holds every row for both libraries: tokens/s, peak memory, the ratios and the targets."""
+JSON line holds every row for both libraries: tokens/s, peak memory, the GEMM floor of the training rows,
+the ratios and the targets."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 ROWS = ("forward2k", "forward8k", "train", "train-mlp", "train-full")  # train-*: ropelab with activation checkpointing
+TRAIN_ROWS = ("train", "train-mlp", "train-full")
 LIBRARIES = ("ropelab", "hf")
 # The first training loss of each library, relative difference allowed. fp32: rounding of the same sums in
 # another order. bf16 keeps 8 significant bits, so every activation and logit is off by up to a step of
@@ -68,9 +70,34 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
             assert ratio["speed"] > 0 and ratio["peak_memory"] > 0
             assert ratio["speed_min"] <= ratio["speed"] <= ratio["speed_max"]
             assert isinstance(record["targets"][f"{precision}/{row}/speed"]["met"], bool)
-        for row in ("train", "train-mlp", "train-full"):
+        for row in TRAIN_ROWS:
             assert isinstance(record["targets"][f"{precision}/{row}/peak_memory"]["met"], bool)
     assert record["all_targets_met"] == all(t["met"] for t in record["targets"].values())
+
+
+def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record):
+    """Structure only: each training row of each library has its profiled GEMM time (mm at least, only
+    ops of GEMM_OPS), the step time over it, and ropelab's target; forward rows have none."""
+    record = quick_record
+    assert record["gemm_ops"][:4] == ["aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"]
+    for precision in record["precisions"]:
+        for row in ROWS:
+            for library in LIBRARIES:
+                r = record["results"][f"{precision}/{row}/{library}"]
+                if row not in TRAIN_ROWS:
+                    assert "gemm_s" not in r and "gemm_floor" not in r
+                    continue
+                assert "aten::mm" in r["gemm_ops"] and set(r["gemm_ops"]) <= set(record["gemm_ops"])
+                assert all(op["calls"] > 0 and op["self_s"] >= 0 for op in r["gemm_ops"].values())
+                assert r["gemm_s"] == pytest.approx(sum(op["self_s"] for op in r["gemm_ops"].values()), abs=1e-5)
+                assert 0 < r["gemm_s"] <= r["profiled_s"]  # self times of one thread's ops within the step
+                assert r["gemm_floor"] == pytest.approx(r["median_s"] / r["gemm_s"], rel=1e-3)
+            target = record["targets"][f"{precision}/{row}/gemm_floor"] if row in TRAIN_ROWS else None
+            if target is not None:
+                assert target["target"] == "<= 1.1" and isinstance(target["met"], bool)
+                assert target["value"] == record["results"][f"{precision}/{row}/ropelab"]["gemm_floor"]
+            else:
+                assert f"{precision}/{row}/gemm_floor" not in record["targets"]
 
 
 def test_quick_run_compares_the_same_model(quick_record):

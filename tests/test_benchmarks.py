@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ropelab import rope_cpu
+from ropelab.rope import cpu_kernel as rope_cpu
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -85,12 +85,17 @@ def test_smollm2_config_is_the_135m_shape(gpu_check):
 
 @no_cuda_only
 def test_cuda_test_stage_runs_the_marked_tests(gpu_check, tmp_path):
-    """On CPU every test of tests/test_cuda.py is collected by `-m cuda` and skips (no CUDA); the
-    stage reads the counts from its JUnit XML."""
+    """On CPU every test of tests/test_cuda.py, and the fused layers' tests under CUDA autocast, are
+    collected by `-m cuda` and skip (no CUDA); the stage reads the counts from its JUnit XML."""
     figures = gpu_check.cuda_tests(tmp_path / "cuda_tests.log", True, 120)
     assert (tmp_path / "cuda_tests.xml").is_file() and figures["junit"] == "cuda_tests.xml"
     assert figures["tests"] == figures["skipped"] >= 40 and figures["passed"] == figures["failed"] == 0
     assert all(line.startswith("skipped: ") and line.endswith("no CUDA") for line in figures["not_passed"])
+    fused = [line for line in figures["not_passed"] if "under_cuda_autocast" in line]
+    assert {line.split(": ")[1].split("[")[0] for line in fused} == {
+        "test_fused_layers_under_cuda_autocast_equal_its_plain_expressions",
+        "test_fused_layers_train_as_the_plain_ones_under_cuda_autocast"}
+    assert len(fused) == 2 * 5 + 2  # bf16 and fp16: five cases of the layers, one training step
 
 
 def test_a_failed_stage_is_recorded_and_the_others_still_run(gpu_check, tmp_path, monkeypatch, capsys):

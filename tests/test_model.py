@@ -2,6 +2,7 @@
 layer RoPE sharing. (Logit parity with Hugging Face's Llama, Qwen3 and GPT-NeoX is in
 tests/evaluate/test_hf_parity.py.)"""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -220,10 +221,20 @@ FUSED = {"llama": {}, "llama-biases-qk-norm": dict(attn_bias=True, mlp_bias=True
          "parallel-rmsnorm": dict(block="parallel"), "pythia": BLOCKS["pythia"]}
 
 
+PRECISIONS = {"fp32": None, "bf16-autocast": torch.bfloat16}
+
+
+def _autocast(precision: str):
+    dtype = PRECISIONS[precision]
+    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
 @pytest.mark.parametrize("block", sorted(FUSED))
-def test_fused_norm_and_projection_layers_train_as_the_plain_ones_bit_for_bit(block, monkeypatch):
+def test_fused_norm_and_projection_layers_train_as_the_plain_ones_bit_for_bit(block, precision, monkeypatch):
     """While training, a block's norms run inside its projections (ropelab.layers.rms_norm_linear,
-    swiglu_linear); with that switched off every op runs on its own: the loss and every gradient match."""
+    swiglu_linear), in fp32 and under bf16 autocast; with that switched off every op runs on its own
+    (autocast casting the normalised input for each projection): the loss and every gradient match."""
     ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(5))
     results = []
     for fused in (True, False):
@@ -231,17 +242,59 @@ def test_fused_norm_and_projection_layers_train_as_the_plain_ones_bit_for_bit(bl
             monkeypatch.setattr(layers, "fusable", lambda x: False)
             monkeypatch.setattr(model_module, "fusable", lambda x: False)
         model = _randomize(_model(**FUSED[block])).train()
-        _, loss = model(ids, ids.roll(-1, dims=1))
+        with _autocast(precision):
+            _, loss = model(ids, ids.roll(-1, dims=1))
         loss.backward()
         results.append([loss.detach()] + [p.grad for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
 
-def test_a_llama_block_keeps_only_what_backward_cannot_recompute_cheaply():
-    """Per token and layer: the block's input and middle residual, q, k, v, the attention output and
-    its log-sum-exp, gate and up, and the two rstd: no normalised input and no silu(gate) * up."""
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fused_layers_train_as_the_plain_ones_under_cuda_autocast(dtype, monkeypatch):
+    """The same on a GPU under CUDA autocast, to one rounding of its dtype (cuBLAS may pick other
+    kernels for the fused layers' products than for the plain ones)."""
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(5)).cuda()
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(layers, "fusable", lambda x: False)
+            monkeypatch.setattr(model_module, "fusable", lambda x: False)
+        model = _randomize(_model(**FUSED["llama-biases-qk-norm"])).cuda().train()
+        with torch.autocast("cuda", dtype=dtype):
+            _, loss = model(ids, ids.roll(-1, dims=1))
+        loss.backward()
+        results.append([loss.detach()] + [p.grad for p in model.parameters()])
+    eps = torch.finfo(dtype).eps
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=eps, atol=eps * b.abs().max().item())
+
+
+# Bytes per token and layer that a Llama block keeps for backward (C d_model, F d_ff, H query heads, KD
+# key/value width), when the norms run inside the projections. fp32: the block's input and middle
+# residual, q, k, v, the attention output and its log-sum-exp, gate and up, and the two rstd. Under bf16
+# autocast the residuals, the log-sum-exp and the rstd stay fp32, the projections' outputs are bf16.
+SAVED_PER_TOKEN = {"fp32": lambda C, F_, H, KD: 4 * (4 * C + 2 * KD + 2 * F_ + H + 2),
+                   "bf16-autocast": lambda C, F_, H, KD: 4 * (2 * C + H + 2) + 2 * (2 * C + 2 * KD + 2 * F_)}
+# And per layer, whatever the length: under autocast the bf16 copy of the output projection's weight
+# (the fused projections cast theirs again in backward); nothing in fp32.
+SAVED_PER_LAYER = {"fp32": lambda C: 0, "bf16-autocast": lambda C: 2 * C * C}
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
+def test_a_llama_block_keeps_only_what_backward_cannot_recompute_cheaply(precision):
+    """What a second layer adds at 2 x 24 and 2 x 48 tokens: per token (the slope) SAVED_PER_TOKEN, with
+    no normalised input, no cast of it per projection and no silu(gate) * up; per layer SAVED_PER_LAYER."""
     config = dict(block="sequential", norm="rmsnorm", mlp="swiglu", n_head=4, n_kv_head=2, d_model=32, d_ff=48)
-    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(6))
-    one, two = (_saved_activation_bytes(_model(**config, n_layer=n).train(), ids) for n in (1, 2))
-    C, F_, H, KD = 32, 48, 4, 2 * 8
-    assert (two - one) / 4 / ids.numel() == 4 * C + 2 * KD + 2 * F_ + H + 2
+
+    def layer_bytes(seq: int) -> int:
+        ids = torch.randint(0, 97, (2, seq), generator=torch.Generator().manual_seed(6))
+        with _autocast(precision):
+            one, two = (_saved_activation_bytes(_model(**config, n_layer=n).train(), ids) for n in (1, 2))
+        return two - one
+
+    short, long = layer_bytes(24), layer_bytes(48)
+    per_token = (long - short) / (2 * 24)
+    assert per_token == SAVED_PER_TOKEN[precision](32, 48, 4, 2 * 8)
+    assert short - 2 * 24 * per_token == SAVED_PER_LAYER[precision](32)

@@ -14,12 +14,22 @@ PyTorch expressions, with fewer tensors kept for backward.
                             keep silu(g) * u; this keeps g and u only (backward needs silu(g) anyway).
 
 Per token and layer of a Llama block (C d_model, F d_ff): the first two save 2C + F floats, the
-last two another 2C + F (SmolLM2-135M: 11,147 -> 8,459 -> 5,771). BENCHMARKS.md ("Real model")
-has the measured peaks. All run the plain expressions' own ops in the same order, forward and
-backward (autograd's chain rule written out, its matrix products in its operand order), so values
-and gradients are bit-identical to the plain versions (tests/test_layers.py). The two fused ones
-work while recording gradients outside autocast (fp32 or bf16 weights); under autocast, and without
-gradients, they run the plain expressions (autocast would have to be replayed in backward).
+last two another 2C + F. SmolLM2-135M, bytes per token and layer, plain -> rms_norm and swiglu ->
+the fused ones: fp32 44,588 -> 33,836 -> 23,084; bf16 autocast 30,380 -> 22,700 -> 13,868 (there
+autocast also keeps a bf16 copy of the normalised x per projection and of silu(g) * u, which the fused
+ones never make; tests/test_model.py counts both). Under autocast they also keep no bf16 copy of
+their projections' weights (backward casts them again): per layer 7,077,888 -> 663,552 bytes, the
+output projection's. BENCHMARKS.md ("Real model") has the measured peaks.
+
+All run the plain expressions' own ops in the same order, forward and backward (autograd's chain
+rule written out, its matrix products in its operand order), so values and gradients are
+bit-identical to the plain versions (tests/test_layers.py). The fused ones do so under autocast
+too, as autocast runs the plain expression: the norm in fp32, the normalised x (or silu(g) * u)
+cast once to autocast's dtype, each weight and bias cast, the products in that dtype, and in
+backward each cast's gradient cast back (per projection, before the sum over them). They take
+autocast's state from their forward. Without gradients they run the plain expressions, and so
+under autocast with a torch-function mode (precision.Bf16GemmInFp32), which moves the products to
+fp32 kernels that their backward would not follow.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import has_torch_function
 
 
 def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,9 +108,25 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def fusable(x: torch.Tensor) -> bool:
-    """Whether the fused layers run their own autograd node: only while recording gradients, and
-    not under autocast, whose casts backward would have to replay."""
-    return torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
+    """Whether the fused layers run their own autograd node: while recording gradients, unless
+    autocast is on together with a torch-function mode or tensor subclass (precision.Bf16GemmInFp32
+    moves autocast's matrix products to fp32 kernels, which this module's backward would not follow)."""
+    if not torch.is_grad_enabled():
+        return False
+    return not (torch.is_autocast_enabled(x.device.type) and has_torch_function((x,)))
+
+
+def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast runs x's device's matrix products in; None while it is off."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+
+
+def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    """t as autocast hands it to a matrix product of `dtype`: a floating tensor cast, except fp64."""
+    if t is None or dtype is None or not t.is_floating_point() or t.dtype in (dtype, torch.float64):
+        return t
+    return t.to(dtype)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -117,28 +144,43 @@ def _linear_backward(grad, x, weight, need_x: bool, need_weight: bool, need_bias
     return grad_x, grad_weight, grad_bias
 
 
+def _to(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    """The backward of autocast's cast: a gradient back in its tensor's own dtype."""
+    return None if t is None else t.to(dtype)
+
+
 class _RMSNormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, norm_weight, eps, *params):  # params: weight, bias (or None) of each linear
-        rstd = _rstd(x, eps)
-        normed = _normalised(x, norm_weight, rstd)
+        ctx.autocast = _autocast_dtype(x)  # backward casts as this forward did, whatever is on then
+        ctx.bias_dtypes = [None if b is None else b.dtype for b in params[1::2]]
+        with torch.autocast(x.device.type, enabled=False):
+            rstd = _rstd(x, eps)
+            normed = _cast(_normalised(x, norm_weight, rstd), ctx.autocast)  # once for all the linears
+            outs = tuple(F.linear(normed, _cast(w, ctx.autocast), _cast(b, ctx.autocast))
+                         for w, b in zip(params[0::2], params[1::2]))
         ctx.save_for_backward(x, norm_weight, rstd, *params[0::2])
-        ctx.has_bias = [b is not None for b in params[1::2]]
-        return tuple(F.linear(normed, w, b) for w, b in zip(params[0::2], params[1::2]))
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
         x, norm_weight, rstd, *weights = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        normed = _normalised(x, norm_weight, rstd)
-        grad_params, grad_normed = [], None
-        # last linear first, as autograd's engine reaches them, so the sum rounds as autograd's does
-        for i in reversed(range(len(weights))):
-            part, grad_weight, grad_bias = _linear_backward(grads[i], normed, weights[i], True, needs[3 + 2 * i],
-                                                            ctx.has_bias[i] and needs[4 + 2 * i])
-            grad_normed = part if grad_normed is None else grad_normed + part
-            grad_params[:0] = [grad_weight, grad_bias]
-        return *_rms_norm_backward(grad_normed, x, norm_weight, rstd, needs[0], needs[1]), None, *grad_params
+        with torch.autocast(x.device.type, enabled=False):
+            normed = _normalised(x, norm_weight, rstd)
+            cast = _cast(normed, ctx.autocast)
+            grad_params, grad_normed = [], None
+            # last linear first, as autograd's engine reaches them, so the sum rounds as autograd's does
+            for i in reversed(range(len(weights))):
+                bias_dtype = ctx.bias_dtypes[i]
+                part, grad_weight, grad_bias = _linear_backward(
+                    grads[i], cast, _cast(weights[i], ctx.autocast), True, needs[3 + 2 * i],
+                    bias_dtype is not None and needs[4 + 2 * i])
+                part = part.to(normed.dtype)  # each linear's own cast of the normalised x, under autocast
+                grad_normed = part if grad_normed is None else grad_normed + part
+                grad_params[:0] = [_to(grad_weight, weights[i].dtype), _to(grad_bias, bias_dtype)]
+            grad_x, grad_norm_weight = _rms_norm_backward(grad_normed, x, norm_weight, rstd, needs[0], needs[1])
+        return grad_x, grad_norm_weight, None, *grad_params
 
 
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
@@ -154,22 +196,32 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
 class _SwiGLULinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, weight, bias):
+        ctx.autocast = _autocast_dtype(gate)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        with torch.autocast(gate.device.type, enabled=False):
+            hidden = _cast(F.silu(gate) * up, ctx.autocast)
+            out = F.linear(hidden, _cast(weight, ctx.autocast), _cast(bias, ctx.autocast))
         ctx.save_for_backward(gate, up, weight)
-        return F.linear(F.silu(gate) * up, weight, bias)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         gate, up, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        silu = F.silu(gate)
-        grad_hidden, grad_weight, grad_bias = _linear_backward(grad, silu * up, weight, needs[0] or needs[1],
-                                                               needs[2], needs[3])
-        grad_gate = grad_up = None
-        if needs[0]:
-            grad_gate = torch.ops.aten.silu_backward((grad_hidden * up).to(gate.dtype), gate)
-        if needs[1]:
-            grad_up = (grad_hidden * silu).to(up.dtype)
-        return grad_gate, grad_up, grad_weight, grad_bias
+        with torch.autocast(gate.device.type, enabled=False):
+            silu = F.silu(gate)
+            hidden = silu * up
+            grad_hidden, grad_weight, grad_bias = _linear_backward(
+                grad, _cast(hidden, ctx.autocast), _cast(weight, ctx.autocast), needs[0] or needs[1], needs[2],
+                needs[3])
+            grad_gate = grad_up = None
+            if needs[0] or needs[1]:
+                grad_hidden = grad_hidden.to(hidden.dtype)  # autocast's cast of silu(gate) * up, backward
+            if needs[0]:
+                grad_gate = torch.ops.aten.silu_backward((grad_hidden * up).to(gate.dtype), gate)
+            if needs[1]:
+                grad_up = (grad_hidden * silu).to(up.dtype)
+        return grad_gate, grad_up, _to(grad_weight, weight.dtype), _to(grad_bias, ctx.bias_dtype)
 
 
 def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,

@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
-from ropelab.config import ModelConfig
+from ropelab.config.model import ModelConfig
 from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_linear
-from ropelab.rope import RotaryEmbedding
+from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
 
@@ -44,8 +44,8 @@ def make_norm(config: ModelConfig, dim: int) -> nn.Module:
 def project(norm: Optional[nn.Module], x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """Each linear layer of norm(x) (of x itself without a norm). While training, an RMSNorm runs
     together with them, so that backward keeps x and its rstd instead of the normalised x
-    (ropelab.layers.rms_norm_linear); the norm module's own forward, and so its hooks, run only
-    without gradients or under autocast."""
+    (ropelab.layers.rms_norm_linear), in fp32 and under autocast alike; the norm module's own forward,
+    and so its hooks, run only where the fused layers do not (ropelab.layers.fusable)."""
     if isinstance(norm, RMSNorm) and fusable(x):
         return rms_norm_linear(x, norm.weight, norm.eps, [(linear.weight, linear.bias) for linear in linears])
     x = x if norm is None else norm(x)

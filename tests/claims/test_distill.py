@@ -15,6 +15,7 @@ from ropelab.claims import distill_evals
 from ropelab.claims.distill import CE, CONSTANT, DISTILL_CLAIMS, KD, STUDY
 from ropelab.claims.distill_evals import CAUSAL, DOC, PROBE_MODES, TEACHER
 from ropelab.claims.paths import CLAIMS_CONFIGS
+from ropelab.claims.study_folder import StudyFolder
 from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS
 from ropelab.study.grid import expand, load_study
 
@@ -121,9 +122,9 @@ def test_query_weights_change_most_in_the_mid_band_or_not(tmp_path):
 
 
 def test_a_missing_probe_runs_once_on_the_phase_checkpoints_then_is_read_back(tmp_path, monkeypatch):
-    study = write_runs(tmp_path, LOSSES, TAILS)
-    run = study / "runs" / f"{KD}-seed0"
-    checkpoints = {"short": run / "checkpoints" / "step_00000030", "long": run / "checkpoints" / "step_00000040"}
+    study = StudyFolder(write_runs(tmp_path, LOSSES, TAILS))
+    run = study.seed_runs(KD)[0]
+    checkpoints = {"short": run.path / "checkpoints" / "step_00000030", "long": run.path / "checkpoints" / "step_00000040"}
     calls = []
 
     def fake_probe(sources, folder, config):
@@ -136,18 +137,18 @@ def test_a_missing_probe_runs_once_on_the_phase_checkpoints_then_is_read_back(tm
     assert shape == (128, 8)  # blocks of the phase-1 window filling the phase-2 window
     for _ in range(2):
         folder = distill_evals.probe_run(study, run, shape)
-    assert folder == study / "claims" / f"probe-{KD}-seed0" and len(calls) == 1
+    assert folder == study.path / "claims" / f"probe-{KD}-seed0" and len(calls) == 1
     sources, _, config = calls[0]
     assert sources == [str(checkpoints["short"]), str(checkpoints["long"])]
     assert (config.block_len, config.repeats, config.modes) == (128, 8, PROBE_MODES)
-    unfinished = study / "runs" / f"{KD}-seed1"
-    (unfinished / "result.json").unlink()  # no probe: its values are NaN
-    assert distill_evals.probe_run(study, unfinished, shape) is None and len(calls) == 1
+    (study.path / "runs" / f"{KD}-seed1" / "result.json").unlink()  # no probe: its values are NaN
+    study = StudyFolder(study.path)
+    assert distill_evals.probe_run(study, study.seed_runs(KD)[1], shape) is None and len(calls) == 1
 
 
 def test_the_teacher_passkey_runs_once_at_the_study_lengths(tmp_path, monkeypatch):
-    study = write_runs(tmp_path, LOSSES, TAILS)
-    (study / "claims" / "longctx-teacher" / "longctx.json").unlink()
+    study = StudyFolder(write_runs(tmp_path, LOSSES, TAILS))
+    (study.path / "claims" / "longctx-teacher" / "longctx.json").unlink()
     calls = []
 
     def fake_longctx(runs, folder, **options):

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer, builtin_model_tokenizer, load_tokenizer  # noqa: E402
-from ropelab.sources import gguf  # noqa: E402
+from ropelab.sources import gguf, gguf_files  # noqa: E402
 
 
 def test_a_builtin_name_loads_its_gguf_tokenizer_once(tmp_path, monkeypatch):
@@ -23,7 +23,7 @@ def test_a_builtin_name_loads_its_gguf_tokenizer_once(tmp_path, monkeypatch):
         return SimpleNamespace(backend_tokenizer=ByteTokenizer().to_tokenizers())
 
     monkeypatch.setenv("ROPELAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(gguf, "builtin_gguf", lambda name: file)
+    monkeypatch.setattr(gguf_files, "builtin_gguf", lambda name: file)
     monkeypatch.setattr(gguf, "load_gguf_tokenizer", read)
     first, second = load_tokenizer("smollm2-135m"), load_tokenizer("smollm2-135m")
     assert isinstance(first, HFTokenizer) and first.name == "smollm2-135m" and reads == [file]

@@ -123,7 +123,8 @@ def test_saved_tokenizer_is_used_and_checked(tmp_path):
 
 def test_train_on_prepared_shards_with_document_masking_and_resume_exactly(tmp_path, tiny_overrides):
     from ropelab.train import checkpoint as ckpt
-    from ropelab.train.loop import read_metrics, train
+    from ropelab.train.loop import train
+    from ropelab.train.metrics import read_metrics
 
     write_docs(tmp_path / "docs.jsonl", n=200)
     prepare(Source(str(tmp_path / "docs.jsonl")), ByteTokenizer(), tmp_path / "data", val_percent=10, shard_tokens=2000, workers=1, progress=False)

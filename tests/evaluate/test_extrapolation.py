@@ -16,7 +16,7 @@ from ropelab.cli import main
 from ropelab.config import ConfigError, RopeScalingConfig
 from ropelab.evaluate.extrapolation import evaluate_extrapolation, make_settings, plan_cells
 from ropelab.evaluate.longctx import evaluate_longctx
-from ropelab.rope_scaling import scale_frequencies
+from ropelab.rope.scaling import scale_frequencies
 
 QUICK = dict(windows=2, passkey=False, progress=False)
 

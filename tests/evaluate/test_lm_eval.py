@@ -17,9 +17,9 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval")
 
 from ropelab.cli import build_parser  # noqa: E402
-from ropelab.evaluate.lm_eval import (  # noqa: E402
-    PAPER_TASKS, evaluate_lm, resolve_tasks, results_markdown, select_metrics,
-)
+from ropelab.evaluate.lm_eval import evaluate_lm  # noqa: E402
+from ropelab.evaluate.lm_eval_report import results_markdown, select_metrics  # noqa: E402
+from ropelab.evaluate.lm_eval_tasks import PAPER_TASKS, resolve_tasks  # noqa: E402
 from tests.evaluate.local_tasks import write_tasks  # noqa: E402
 
 TOL = 1e-4

@@ -20,9 +20,10 @@ from ropelab.config import ConfigError, build_run_config
 from ropelab.data.tokenizer import ByteTokenizer
 from ropelab.data.tokens import Shard, TokenSplit
 from ropelab.evaluate.longctx import (
-    bucket_means, candidate_logits, candidate_slots, evaluate_longctx, greedy_along, log_buckets, loss_by_position,
-    position_windows, rank_of_true, score_items, summarize_cell,
+    bucket_means, evaluate_longctx, greedy_along, log_buckets, loss_by_position, position_windows, score_items,
+    summarize_cell,
 )
+from ropelab.evaluate.longctx_candidates import candidate_logits, candidate_slots, rank_of_true
 from ropelab.evaluate.longctx_items import TASK_TEXT, Item, LongContextSettings, build_items, haystack_source
 from ropelab.model import Transformer
 

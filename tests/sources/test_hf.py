@@ -10,7 +10,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig  # noqa: E402
-from ropelab.sources.hf import from_hf, hf_architecture, hf_config_for, to_hf  # noqa: E402
+from ropelab.sources.hf import from_hf, to_hf  # noqa: E402
+from ropelab.sources.hf_config_write import hf_architecture, hf_config_for  # noqa: E402
 from ropelab.model import Transformer, count_params_meta  # noqa: E402
 
 TOL = 1e-4

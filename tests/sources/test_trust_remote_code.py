@@ -135,7 +135,7 @@ def test_own_partial_rope_export_imports_back_without_the_flag(tmp_path, capsys)
     folder = tmp_path / "hf"
     assert save_hf(ours, folder)["route"] == "remote_code"
     marker = tmp_path / "shipped_code_ran"
-    for name in ("modeling_ropelab.py", "config.py", "model.py"):  # ropelab must not need its shipped copies
+    for name in ("modeling_ropelab.py", "config_model.py", "model.py"):  # ropelab must not need its shipped copies
         with open(folder / name, "a") as f:
             f.write(f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
 

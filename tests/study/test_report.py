@@ -11,7 +11,8 @@ import pytest
 
 from ropelab.config import build_run_config
 from ropelab.study.report import write_report
-from ropelab.study.summary import COLUMNS, collect_runs, summarize
+from ropelab.study.run_folders import collect_runs
+from ropelab.study.summary import COLUMNS, summarize
 
 STEPS = 400
 TOKENS_PER_STEP = 16 * 256
@@ -152,16 +153,3 @@ def test_report_on_a_folder_that_is_not_a_study_is_one_line(tmp_path, make, caps
     what = "no such folder" if make == "missing" else "not a study folder (no runs/ in it)"
     assert line == f"ropelab: error: {folder}: {what}; give the folder `ropelab study --out` wrote"
     assert not (tmp_path / "out").exists()
-
-
-def test_a_finished_run_with_a_stale_error_file_counts_as_done(tmp_path):
-    """A re-run (or a concurrent trainer) finished a run whose earlier attempt left error.txt."""
-    from ropelab.study.summary import collect_runs
-
-    run = tmp_path / "runs" / "r-seed0"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text("seed: 0\n")
-    (run / "result.json").write_text('{"steps": 1, "final_val_loss": 2.0, "tokens": 8}')
-    (run / "error.txt").write_text("exit code 1\n")
-    (found,) = collect_runs(tmp_path)
-    assert found.status == "done"

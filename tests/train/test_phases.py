@@ -14,7 +14,7 @@ from ropelab.sources import load
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
-from ropelab.rope_bound import first_negative
+from ropelab.rope.bound import first_negative
 from ropelab.train.phases import base_warnings, resolve_phases
 
 PHASES = {"train": {"phases": [

@@ -13,13 +13,14 @@ from typing import Mapping, Sequence
 
 from ropelab.claims.claim import Claim, Finding, from_parts
 from ropelab.claims.distill_evals import (
-    CAUSAL, DOC, band_means, final_val_losses, logit_kl, logit_kl_by_repeat, longctx_results, loss_curves, phase_lengths,
-    probe_run, probe_shape, probe_teacher, query_change_per_pair, retrieval_by_length, seed_runs, teacher_passkey,
+    CAUSAL, DOC, band_means, final_val_losses, first_config, logit_kl, logit_kl_by_repeat, longctx_results, loss_curves,
+    phase_lengths, probe_run, probe_shape, probe_teacher, query_change_per_pair, retrieval_by_length, teacher_passkey,
 )
 from ropelab.claims.distill_plots import plot_loss_by_position, plot_pair_changes, plot_repeat_kl
 from ropelab.claims.groups import mean_text
+from ropelab.claims.study_folder import StudyFolder
 from ropelab.claims.verdict import absent, beats_beyond, higher, lower, present
-from ropelab.sources.runs import read_run_config
+from ropelab.study.plan import phase_counts
 from ropelab.train.phases import resolve_phases
 
 SEED = "short-data-long-context (001)"
@@ -28,29 +29,21 @@ KD, CE = "kd-10k-500k", "ce-10k-500k"  # the seed's winning schedule, by KD and 
 CONSTANT = ("kd-10k", "kd-500k")
 
 
-def _kd_config(study: Path):
-    """The first KD run's config (the seeds share everything else)."""
-    return read_run_config(seed_runs(study, KD)[0])
-
-
-def _setup(study: Path) -> str:
+def _setup(study: StudyFolder) -> str:
     """The students and their two phases, from the KD run's config."""
-    config = _kd_config(study)
+    config = first_config(study, KD)
     m = config.model
+    counts = phase_counts(config)
     phases = []
-    for phase in resolve_phases(config):
-        c = phase.config
+    for count in counts:
+        c = count.phase.config
         packed = f" packed with <= {c.data.max_doc_len}-token documents" if c.data.max_doc_len else ""
         mask = ", document mask" if c.attention.doc_mask else ""
-        phases.append(f"{phase.steps} steps of {c.train.global_batch} x {c.data.seq_len} tokens{packed}{mask}")
-    tokens = sum(_phase_tokens(config))
+        phases.append(f"{count.phase.steps} steps of {c.train.global_batch} x {c.data.seq_len} tokens{packed}{mask}")
+    tokens = sum(count.tokens for count in counts)
     return (f"students of {m.n_layer} layers (d_model {m.d_model}, head_dim {m.head_size}) sharing SmolLM2-135M's "
             f"tokenizer, on {config.data.corpus}: {', then '.join(phases)}; {tokens:,} tokens per run, "
-            f"{len(seed_runs(study, KD))} seeds")
-
-
-def _phase_tokens(config) -> list[int]:
-    return [p.steps * p.config.train.global_batch * p.config.data.seq_len for p in resolve_phases(config)]
+            f"{len(study.seed_runs(KD))} seeds")
 
 
 def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence[float]]], length: int) -> dict[str, list[float]]:
@@ -59,16 +52,16 @@ def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence
     return {name: [fmean(curve[i] for i in beyond) for curve in lines] for name, lines in curves.items()}
 
 
-def _retrieval_note(study_dir: Path, results: dict) -> str:
+def _retrieval_note(study: StudyFolder, results: dict) -> str:
     """What stands in for the seed's needle-in-a-haystack retrieval: the teacher's own passkey
     retrieval and the students' rank of the true passkey."""
-    teacher = retrieval_by_length(teacher_passkey(study_dir, results), "passkey", "exact_match")
+    teacher = retrieval_by_length(teacher_passkey(study, results), "passkey", "exact_match")
     candidates = results["settings"]["distractors"] + 1
     chance = sum(1 / r for r in range(1, candidates + 1)) / candidates
     entries = {e["label"]: e for e in results["runs"]}
     exact, ranks = [], []
     for variant in (KD, CE, *CONSTANT):
-        found = [entries.get(run.name, {}) for run in seed_runs(study_dir, variant)]
+        found = [entries.get(run.id, {}) for run in study.seed_runs(variant)]
         exact += [v for e in found for v in retrieval_by_length(e, "passkey", "exact_match").values()]
         mrr = [retrieval_by_length(e, "passkey", "mrr") for e in found]
         lengths = sorted({n for by_length in mrr for n in by_length})
@@ -83,7 +76,7 @@ def _retrieval_note(study_dir: Path, results: dict) -> str:
 
 
 def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
-    study = studies[STUDY]
+    study = StudyFolder(studies[STUDY])
     length = phase_lengths(study, KD)[0]
     losses = final_val_losses(study, [KD, CE])
     results = longctx_results(study)
@@ -91,7 +84,7 @@ def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
     parts = [("KD below CE: final validation loss (packed short documents)", lower({KD: losses[KD]}, {CE: losses[CE]})),
              (f"KD below CE beyond the phase-1 length ({length}): loss by position",
               beats_beyond({KD: curves[KD]}, {CE: curves[CE]}, positions, length))]
-    config = _kd_config(study)
+    config = first_config(study, KD)
     measured = (f"{_setup(study)}; theta 10k -> 500k, KD (top-{config.distill.top_k} teacher targets) against CE at equal "
                 f"tokens. Final validation loss (nats/token), mean (seeds): {mean_text(losses)}. Loss by position over "
                 f"{_loss_length(results):,}-token windows of single {config.data.corpus} files, mean over positions "
@@ -103,7 +96,7 @@ def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
 
 
 def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
-    study = studies[STUDY]
+    study = StudyFolder(studies[STUDY])
     length = phase_lengths(study, KD)[0]
     results = longctx_results(study)
     positions, curves = loss_curves(results, study, [KD, *CONSTANT])
@@ -125,20 +118,20 @@ def _loss_length(results: dict) -> int:
     return settings["loss_length"] or max(settings["lengths"])
 
 
-def _longest_wavelength(study: Path, variant: str) -> float:
+def _longest_wavelength(study: StudyFolder, variant: str) -> float:
     """Tokens per turn of the slowest rotary pair of `variant` in its last phase."""
-    model = resolve_phases(read_run_config(seed_runs(study, variant)[0]))[-1].config.model
+    model = resolve_phases(first_config(study, variant))[-1].config.model
     dims = model.head_size
     return 2 * math.pi * model.rope.theta ** ((dims - 2) / dims)
 
 
-def _probe_folders(study: Path):
+def _probe_folders(study: StudyFolder):
     shape = probe_shape(study, KD)
-    return shape, [probe_run(study, run, shape) for run in seed_runs(study, KD)]
+    return shape, [probe_run(study, run, shape) for run in study.seed_runs(KD)]
 
 
 def _judge_probe(studies: Mapping[str, Path]) -> Finding:
-    study = studies[STUDY]
+    study = StudyFolder(studies[STUDY])
     shape, folders = _probe_folders(study)
     teacher = probe_teacher(study, shape)
     kl = {mode: {"teacher": [logit_kl(teacher, 0, mode)],
@@ -151,7 +144,7 @@ def _judge_probe(studies: Mapping[str, Path]) -> Finding:
              ("smaller after the long phase than after the short one (causal, running)",
               lower({"after long": kl[CAUSAL]["after long"]}, {"after short": kl[CAUSAL]["after short"]}))]
     block, repeats = shape
-    measured = (f"One {block}-token block of {_kd_config(study).data.corpus} validation text (BOS, content, EOS) "
+    measured = (f"One {block}-token block of {first_config(study, KD).data.corpus} validation text (BOS, content, EOS) "
                 f"repeated {repeats} times ({block * repeats} tokens); mean KL (nats) of the later repeats' next-token "
                 f"distributions at their last token to the first repeat's. SmolLM2 and the {KD} students at the end of "
                 f"each phase ({_setup(study)}). Causal, running positions: {mean_text(kl[CAUSAL], '.3g')}. Document mask, "
@@ -169,9 +162,9 @@ def _judge_probe(studies: Mapping[str, Path]) -> Finding:
 
 
 def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
-    study = studies[STUDY]
+    study = StudyFolder(studies[STUDY])
     _, folders = _probe_folders(study)
-    config = _kd_config(study)
+    config = first_config(study, KD)
     pairs = config.model.head_size // 2
     cut = [round(i * pairs / 3) for i in range(4)]
     bands = {f"{name} frequency": range(cut[i], cut[i + 1]) for i, name in enumerate(("high", "mid", "low"))}
@@ -190,7 +183,7 @@ def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
                     plot_pair_changes(per_seed, bands),
                     "Relative change of the query weights per rotary pair during phase 2, one line per seed.",
                     "The seed reads the update pattern off its 1B student's query states over 10B phase-2 tokens; "
-                    f"here the weights themselves after {_phase_tokens(config)[-1]:,} phase-2 tokens.")
+                    f"here the weights themselves after {phase_counts(config)[-1].tokens:,} phase-2 tokens.")
 
 
 DISTILL_CLAIMS: list[Claim] = [

@@ -1,5 +1,5 @@
-"""What the distillation seed's claims read from their study folder, and the evaluations they add
-after training, each kept under ``<study>/claims/`` and skipped when it is there:
+"""What the distillation seed's claims read from their study folder (`StudyFolder`), and the
+evaluations they add after training, each kept under ``<study>/claims/`` and skipped when it is there:
 
   probe-<run>/      `ropelab probe` on the run's phase-1 and phase-2 checkpoints, causal attention with
                     running positions and a document mask with restarting positions (`PROBE_MODES`),
@@ -7,8 +7,8 @@ after training, each kept under ``<study>/claims/`` and skipped when it is there
   probe-teacher/    the same probe on the teacher, SmolLM2 itself
   longctx-teacher/  the teacher's own passkey retrieval at the study's long-context lengths
 
-A run id is ``<variant>-seed<N>`` (the study grid's naming); a run that did not finish gives NaN
-values, so that its group is inconclusive rather than silently smaller.
+A run that did not finish gives NaN values, so that its group is inconclusive rather than silently
+smaller.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ropelab.config import ConfigError
+from ropelab.claims.study_folder import StudyFolder
+from ropelab.config import ConfigError, RunConfig
 from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.probe.config import ProbeConfig, parse_modes
 from ropelab.probe.runner import run_probe
-from ropelab.sources.runs import read_result, read_run_config
+from ropelab.study.run_folders import Run
 from ropelab.study.sections import LONGCTX_DIR
 from ropelab.train.checkpoint import phase_checkpoints
 from ropelab.train.phases import resolve_phases
@@ -33,57 +34,49 @@ PROBE_MODES = parse_modes(f"{CAUSAL},{DOC}")
 NAN = float("nan")
 
 
-def seed_runs(study_dir: Path, variant: str) -> list[Path]:
-    """The run folders of `variant`, by seed."""
-    runs = [p for p in (study_dir / "runs").glob(f"{variant}-seed*") if p.name.removeprefix(f"{variant}-seed").isdigit()]
-    if not runs:
-        raise ConfigError(f"claims: {study_dir} has no run of variant {variant!r}")
-    return sorted(runs, key=lambda p: int(p.name.rsplit("seed", 1)[1]))
+def final_val_losses(study: StudyFolder, variants: Sequence[str]) -> dict[str, list[float]]:
+    """{variant: each seed's final validation loss, as its result.json gives it}."""
+    def loss(run: Run) -> float:
+        value = (run.result or {}).get("final_val_loss")
+        return NAN if value is None else float(value)
+
+    return {variant: [loss(run) for run in study.seed_runs(variant)] for variant in variants}
 
 
-def finished(run_dir: Path) -> bool:
-    return read_result(run_dir) is not None
+def first_config(study: StudyFolder, variant: str) -> RunConfig:
+    """The config of `variant`'s first seed (the seeds share everything else)."""
+    return study.config(study.seed_runs(variant)[0])
 
 
-def final_val_losses(study_dir: Path, variants: Sequence[str]) -> dict[str, list[float]]:
-    """{variant: final validation loss per seed}."""
-    out = {}
-    for variant in variants:
-        results = [read_result(run) for run in seed_runs(study_dir, variant)]
-        out[variant] = [NAN if r is None or r.get("final_val_loss") is None else float(r["final_val_loss"]) for r in results]
-    return out
-
-
-def phase_lengths(study_dir: Path, variant: str) -> list[int]:
-    """The training window of each phase (the first seed's run; the seeds share it)."""
-    config = read_run_config(seed_runs(study_dir, variant)[0])
-    return [phase.config.data.seq_len for phase in resolve_phases(config)]
+def phase_lengths(study: StudyFolder, variant: str) -> list[int]:
+    """The training window of each phase."""
+    return [phase.config.data.seq_len for phase in resolve_phases(first_config(study, variant))]
 
 
 # ------------------------------------------------------------------ the study's long-context evaluation
 
 
-def longctx_results(study_dir: Path) -> dict:
-    path = study_dir / LONGCTX_DIR / "longctx.json"
+def longctx_results(study: StudyFolder) -> dict:
+    path = study.path / LONGCTX_DIR / "longctx.json"
     if not path.is_file():
         raise ConfigError(f"claims: {path} is missing: the study's long-context evaluation has not run")
     return json.loads(path.read_text())
 
 
-def loss_curves(results: dict, study_dir: Path, variants: Sequence[str]) -> tuple[list[int], dict[str, list[list[float]]]]:
+def loss_curves(results: dict, study: StudyFolder, variants: Sequence[str]) -> tuple[list[int], dict[str, list[list[float]]]]:
     """(first position of each bucket, {variant: the loss-by-position curve of each seed})."""
     entries = {entry["label"]: entry for entry in results["runs"]}
     positions = None
     curves: dict[str, list[list[float]]] = {}
     for variant in variants:
         curves[variant] = []
-        for run in seed_runs(study_dir, variant):
-            buckets = (entries.get(run.name) or {}).get("loss_by_position", {}).get("buckets")
+        for run in study.seed_runs(variant):
+            buckets = (entries.get(run.id) or {}).get("loss_by_position", {}).get("buckets")
             if buckets:
                 positions = positions or [b["start"] for b in buckets]
             curves[variant].append([b["loss"] for b in buckets] if buckets else None)
     if positions is None:
-        raise ConfigError(f"claims: {study_dir}/{LONGCTX_DIR} holds no loss by position of {', '.join(variants)}")
+        raise ConfigError(f"claims: {study.path}/{LONGCTX_DIR} holds no loss by position of {', '.join(variants)}")
     return positions, {v: [c if c is not None else [NAN] * len(positions) for c in cs] for v, cs in curves.items()}
 
 
@@ -94,10 +87,10 @@ def retrieval_by_length(entry: dict, task: str, metric: str) -> dict[int, float]
     return {n: sum(c[metric] for c in cells if c["length"] == n) / sum(c["length"] == n for c in cells) for n in lengths}
 
 
-def teacher_passkey(study_dir: Path, results: dict) -> dict:
+def teacher_passkey(study: StudyFolder, results: dict) -> dict:
     """The teacher's own passkey entry at the study's lengths and depths (one item per cell), kept in
     ``claims/longctx-teacher``."""
-    folder = study_dir / "claims" / "longctx-teacher"
+    folder = study.path / "claims" / "longctx-teacher"
     path = folder / "longctx.json"
     if not path.is_file():
         settings = results["settings"]
@@ -116,30 +109,30 @@ def _probe(sources: list[str], folder: Path, block_len: int, repeats: int) -> Pa
     return folder
 
 
-def probe_shape(study_dir: Path, variant: str) -> tuple[int, int]:
+def probe_shape(study: StudyFolder, variant: str) -> tuple[int, int]:
     """(block length, repeats) of the probe: blocks of the phase-1 window filling the phase-2 window."""
-    lengths = phase_lengths(study_dir, variant)
+    lengths = phase_lengths(study, variant)
     return lengths[0], max(2, lengths[-1] // lengths[0])
 
 
-def probe_run(study_dir: Path, run_dir: Path, shape: tuple[int, int]) -> Path | None:
+def probe_run(study: StudyFolder, run: Run, shape: tuple[int, int]) -> Path | None:
     """The probe folder of a finished run (its first and last phase's checkpoints), made if absent;
     None for a run that did not finish."""
-    folder = study_dir / "claims" / f"probe-{run_dir.name}"
+    folder = study.path / "claims" / f"probe-{run.id}"
     if (folder / "probe.json").is_file():
         return folder
-    if not finished(run_dir):
+    if run.result is None:
         return None
-    phases = [p.name for p in resolve_phases(read_run_config(run_dir))]
-    checkpoints = phase_checkpoints(run_dir)
+    phases = [p.name for p in resolve_phases(study.config(run))]
+    checkpoints = phase_checkpoints(run.path)
     missing = [name for name in (phases[0], phases[-1]) if name not in checkpoints]
     if missing:
-        raise ConfigError(f"claims: {run_dir} has no checkpoint at the end of phase {missing[0]!r}")
+        raise ConfigError(f"claims: {run.path} has no checkpoint at the end of phase {missing[0]!r}")
     return _probe([str(checkpoints[phases[0]]), str(checkpoints[phases[-1]])], folder, *shape)
 
 
-def probe_teacher(study_dir: Path, shape: tuple[int, int]) -> Path:
-    return _probe([TEACHER], study_dir / "claims" / "probe-teacher", *shape)
+def probe_teacher(study: StudyFolder, shape: tuple[int, int]) -> Path:
+    return _probe([TEACHER], study.path / "claims" / "probe-teacher", *shape)
 
 
 def probe_labels(folder: Path) -> list[str]:

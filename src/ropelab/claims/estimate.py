@@ -25,8 +25,8 @@ from ropelab.sources.plans import shape_config
 from ropelab.sources.loading import load_config
 from ropelab.study.frontier import non_embedding_params
 from ropelab.study.grid import PlannedRun, StudyConfig, expand
+from ropelab.study.plan import phase_counts
 from ropelab.study.teacher_cache import shared_caches
-from ropelab.train.phases import resolve_phases
 
 OVERHEAD = 12.0  # seconds per run: process start, data, evaluations and checkpoints (measured on tiny runs)
 
@@ -79,21 +79,21 @@ def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: floa
     for run in kd:
         name = run.config.distill.teacher
         if name not in teachers:
+            shape = shape_config(load_config(name)[0].model)  # outside the meta device: a first call imports the teacher
             with torch.device("meta"):
-                teachers[name] = Transformer(shape_config(load_config(name)[0].model))
-        for phase in resolve_phases(run.config, run.config.train.data_parallel or 1):
-            seq = phase.config.data.seq_len
-            tokens = phase.steps * phase.config.train.global_batch * seq
-            seconds += tokens * teachers[name].flops_per_token(seq) / 3 / flop_rate  # forward: a third of a step
+                teachers[name] = Transformer(shape)
+        for count in phase_counts(run.config):
+            seq = count.phase.config.data.seq_len
+            seconds += count.tokens * teachers[name].flops_per_token(seq) / 3 / flop_rate  # forward: a third of a step
     return seconds
 
 
 def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> dict:
     """{"runs": [{run, steps, tokens, params, tokens_per_param, seconds}], "tokens", "tokens_per_param",
-    "teacher_seconds", "seconds"}. `steps` and `tokens` are what the run trains itself (a branch starts
-    at its parent's step), `tokens_per_param` what its model has seen at the end per non-embedding
-    parameter (the study's: the largest); `seconds` is the wall time expected with `jobs` runs at once
-    (None without `measure`)."""
+    "teacher_seconds", "seconds"}. `steps` and `tokens` are what the run trains itself, as
+    `ropelab.study.plan.phase_counts` counts them (a branch starts at its parent's step),
+    `tokens_per_param` what its model has seen at the end per non-embedding parameter (the study's: the
+    largest); `seconds` is the wall time expected with `jobs` runs at once (None without `measure`)."""
     runs = expand(study)
     threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
     measured: dict[tuple, float] = {}
@@ -101,15 +101,11 @@ def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> d
     rows = []
     for run in runs:
         vocab = _vocab(run) if measure else None
-        steps = tokens = seen = 0
+        counts = phase_counts(run.config)
         seconds = OVERHEAD
-        start = (run.config.train.branch_step or 0) if run.config.train.branch_from else 0
-        for phase in resolve_phases(run.config, run.config.train.data_parallel or 1):
+        for count in counts:
+            phase = count.phase
             tc, seq = phase.config.train, phase.config.data.seq_len
-            trained = max(0, phase.end - max(phase.start, start))
-            steps += trained
-            tokens += trained * tc.global_batch * seq
-            seen += phase.steps * tc.global_batch * seq
             if measure:
                 shape = dataclasses.replace(shape_config(phase.config.model), vocab_size=vocab)
                 key = (repr(shape), tc.micro_batch, seq)
@@ -118,10 +114,11 @@ def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> d
                     with torch.device("meta"):
                         flops = Transformer(shape).flops_per_token(seq) * tc.micro_batch * seq
                     rates.append(flops / measured[key])
-                seconds += trained * tc.grad_accum * measured[key]
+                seconds += count.trained_steps * tc.grad_accum * measured[key]
         params = non_embedding_params(run.config.model)
-        rows.append({"run": run.id, "steps": steps, "tokens": tokens, "params": params, "tokens_per_param": seen / params,
-                     "seconds": seconds if measure else None})
+        rows.append({"run": run.id, "steps": sum(c.trained_steps for c in counts),
+                     "tokens": sum(c.trained_tokens for c in counts), "params": params,
+                     "tokens_per_param": sum(c.tokens for c in counts) / params, "seconds": seconds if measure else None})
     totals = {"runs": rows, "tokens": sum(r["tokens"] for r in rows),
               "tokens_per_param": max(r["tokens_per_param"] for r in rows)}
     if not measure:

@@ -1,12 +1,11 @@
-"""A frontier study (`ropelab.study.frontier`) read for the claims: per model size, each variant's final
-validation loss at every token budget, one value per seed; the claims' frontier verdicts, the regime
-the verdict comes from, and the figure of loss and gap against tokens.
+"""A frontier study (`ropelab.study.frontier`) as the claims read it (`StudyFolder`): per model size,
+each variant's final validation loss at every token budget, one value per seed; the claims' frontier
+verdicts, the regime the verdict comes from, and the figure of loss and gap against tokens.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 from statistics import fmean
 from typing import Mapping, Sequence
 
@@ -15,21 +14,21 @@ import numpy as np
 from ropelab.claims.claim import Parts
 from ropelab.claims.frontier_verdict import frontier_higher, frontier_matches
 from ropelab.claims.groups import finish_axes
-from ropelab.config import ConfigError, build_run_config
+from ropelab.claims.study_folder import StudyFolder
+from ropelab.config import ConfigError
 from ropelab.study.convergence import tail_slopes
 from ropelab.study.fit import fit_data_law
-from ropelab.study.frontier import frontier_points, non_embedding_params
+from ropelab.study.frontier import non_embedding_params
 from ropelab.study.plots import new_figure, png_bytes
-from ropelab.study.summary import collect_runs
 
 Frontiers = dict[str, dict[float, list[float]]]  # variant -> {tokens: [final loss per seed]}
 
 
-def size_frontiers(study_dir: Path, variants: Sequence[str] | None = None) -> dict[int, Frontiers]:
+def size_frontiers(study: StudyFolder, variants: Sequence[str] | None = None) -> dict[int, Frontiers]:
     """{non-embedding params: {variant: {tokens: [loss per seed, in seed order]}}} of the study's cooldowns."""
-    points = frontier_points(study_dir)
+    points = study.frontier_points
     if not points:
-        raise ConfigError(f"{study_dir}: no finished frontier runs (a study with a `frontier` key writes them)")
+        raise ConfigError(f"{study.path}: no finished frontier runs (a study with a `frontier` key writes them)")
     out: dict[int, Frontiers] = defaultdict(lambda: defaultdict(dict))
     for p in sorted(points, key=lambda p: (p["params"], p["variant"], p["tokens"], p["seed"])):
         out[p["params"]][p["variant"]].setdefault(p["tokens"], []).append(p["loss"])
@@ -37,15 +36,15 @@ def size_frontiers(study_dir: Path, variants: Sequence[str] | None = None) -> di
         for params, frontiers in out.items():
             missing = [v for v in variants if v not in frontiers]
             if missing:
-                raise ConfigError(f"{study_dir}: no frontier of variant {missing[0]!r} at {params:,} parameters")
+                raise ConfigError(f"{study.path}: no frontier of variant {missing[0]!r} at {params:,} parameters")
         out = {params: {v: frontiers[v] for v in variants} for params, frontiers in out.items()}
     return {params: dict(frontiers) for params, frontiers in sorted(out.items())}
 
 
-def regime(study_dir: Path, largest_only: bool = False) -> str:
+def regime(study: StudyFolder, largest_only: bool = False) -> str:
     """``2.5-20 tokens per non-embedding parameter (53k-160k parameters)``; with `largest_only`, the
     largest model at its largest budget: ``20 tokens per non-embedding parameter (160k parameters)``."""
-    points = frontier_points(study_dir)
+    points = study.frontier_points
     if largest_only:
         largest = max(p["params"] for p in points)
         points = [p for p in points if p["params"] == largest]
@@ -56,20 +55,20 @@ def regime(study_dir: Path, largest_only: bool = False) -> str:
     return f"{ratio_text} tokens per non-embedding parameter ({size_text} parameters)"
 
 
-def runs_regime(study_dir: Path) -> str:
+def runs_regime(study: StudyFolder) -> str:
     """The regime of a study without a frontier: tokens per non-embedding parameter its runs reached."""
     ratios = []
-    for run in collect_runs(study_dir):
+    for run in study.runs:
         if run.config and len(run.tokens):
-            ratios.append(float(run.tokens[-1]) / non_embedding_params(build_run_config(run.config).model))
+            ratios.append(float(run.tokens[-1]) / non_embedding_params(study.config(run).model))
     if not ratios:
         return "no finished run"
     return f"{min(ratios):.3g}-{max(ratios):.3g} tokens per non-embedding parameter"
 
 
-def still_falling_note(study_dir: Path) -> str:
+def still_falling_note(study: StudyFolder) -> str:
     """Which runs' validation loss was still falling at the end (`ropelab.study.convergence`)."""
-    slopes = tail_slopes(study_dir)
+    slopes = tail_slopes(study.path)
     if not slopes:
         return ""
     falling = [f"{run_id} ({s.slope:+.3f} per doubling)" for run_id, s in slopes.items() if s.still_falling]

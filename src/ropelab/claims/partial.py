@@ -20,14 +20,13 @@ from ropelab.claims.claim import Claim, Finding, Parts, from_parts
 from ropelab.claims.frontiers import (
     band_parts, final_losses, frontier_text, plot_frontiers, regime, runs_regime, size_frontiers, still_falling_note,
 )
-from ropelab.claims.groups import finish_axes, mean_text, pick, schedule, seed_groups, study_rows, variant_of
+from ropelab.claims.groups import finish_axes, mean_text, pick, seed_groups
 from ropelab.claims.paths import EVAL_TASKS, REPO_ROOT
+from ropelab.claims.study_folder import StudyFolder, variant_of
 from ropelab.claims.verdict import higher, lower, matches, present, rises_sharply
 from ropelab.config import ConfigError
 from ropelab.evaluate.lm_eval import evaluate_lm
-from ropelab.study.frontier import read_frontier_record
 from ropelab.study.plots import new_figure, png_bytes
-from ropelab.study.summary import collect_runs
 
 SEED = "partial-rope (000)"
 # The seed's runs: 1B models on 100B tokens (about 100 per non-embedding parameter), 8B on 100B (12.5)
@@ -45,14 +44,15 @@ FRONTIER_RULE_NOTE = ("Each verdict compares frontiers: the gap between two vari
 def _frontier_bands(stem: str, bands: Sequence[Sequence[str]], what: str, note: str = ""):
     """A judge: the seed's bands on every model size of the study's frontiers."""
     def judge(studies: Mapping[str, Path]) -> Finding:
-        by_size = size_frontiers(studies[stem], [name for band in bands for name in band])
+        study = StudyFolder(studies[stem])
+        by_size = size_frontiers(study, [name for band in bands for name in band])
         parts: Parts = [part for params, frontiers in by_size.items()
                         for part in band_parts(frontiers, bands, f"{params:,} parameters", "rope100")]
         measured = f"{what}. Final validation loss, smallest -> largest budget, mean over seeds: {frontier_text(by_size)}."
         return from_parts(measured, parts, plot_frontiers(by_size, "rope100"),
                           "Final loss against tokens per model size (points: seeds; lines: L(D) = E + B D^-beta fitted), "
                           "and each variant's gap to full RoPE against tokens.", " ".join([FRONTIER_RULE_NOTE, note]).strip(),
-                          regime(studies[stem]))
+                          regime(study))
     return judge
 
 
@@ -62,13 +62,13 @@ def _gap_at_final(frontiers, a: str, b: str, absolute: bool = False) -> list[flo
 
 
 def _judge_rq3(studies: Mapping[str, Path]) -> Finding:
+    by_length = StudyFolder(studies["partial-lengths"])
     lengths = {}
     for length in (128, 512):
-        (frontiers,) = size_frontiers(studies["partial-lengths"],
-                                      [f"{v}-len{length}" for v in THREE]).values()
+        (frontiers,) = size_frontiers(by_length, [f"{v}-len{length}" for v in THREE]).values()
         lengths[length] = {name.removesuffix(f"-len{length}"): f for name, f in frontiers.items()}
-    by_size = size_frontiers(studies[SCALING], list(THREE))
-    same_size = _params_of(studies["partial-lengths"])
+    by_size = size_frontiers(StudyFolder(studies[SCALING]), list(THREE))
+    same_size = next(iter(by_length.frontier.values())).params
     if same_size not in by_size:
         raise ConfigError(f"partial-scaling has no model of partial-lengths' size ({same_size:,} parameters) for 256 tokens")
     lengths[256] = by_size[same_size]
@@ -87,15 +87,12 @@ def _judge_rq3(studies: Mapping[str, Path]) -> Finding:
     return from_parts(measured, parts, figure, "Final loss against tokens at each training length (panel titles give the "
                       "length in place of a size), and the gaps to full RoPE.",
                       FRONTIER_RULE_NOTE + " The seed's lengths are 1,024-8,192 tokens; here 128-512. Full RoPE stands for "
-                      "the seed's >= 25 % band.", regime(studies["partial-lengths"]))
-
-
-def _params_of(study_dir: Path) -> int:
-    return next(iter(read_frontier_record(study_dir).values())).params
+                      "the seed's >= 25 % band.", regime(by_length))
 
 
 def _judge_rq5(studies: Mapping[str, Path]) -> Finding:
-    by_size = size_frontiers(studies[SCALING], list(THREE))
+    study = StudyFolder(studies[SCALING])
+    by_size = size_frontiers(study, list(THREE))
     small, large = min(by_size), max(by_size)
     spread = {params: _gap_at_final(by_size[params], "rope10", "rope100", absolute=True) for params in (small, large)}
     parts = band_parts(by_size[large], [["nope"], ["rope10", "rope100"]], f"{large:,} parameters", "rope100")
@@ -107,23 +104,24 @@ def _judge_rq5(studies: Mapping[str, Path]) -> Finding:
                 + "; ".join(f"{params:,}: {', '.join(f'{v:.4f}' for v in values)}" for params, values in spread.items()) + ".")
     return from_parts(measured, parts, plot_frontiers(by_size, "rope100"),
                       "Final loss against tokens per model size, and the gaps to full RoPE.",
-                      FRONTIER_RULE_NOTE + " The seed scales 1B to 8B parameters; here 53k to 160k.", regime(studies[SCALING]))
+                      FRONTIER_RULE_NOTE + " The seed scales 1B to 8B parameters; here 53k to 160k.", regime(study))
 
 
-def _final_runs(study_dir: Path) -> list[str]:
-    """The cooldown runs of the largest size at the largest budget: the models RQ6 evaluates."""
-    record = {run_id: run for run_id, run in read_frontier_record(study_dir).items() if run.role == "cooldown"}
+def _final_runs(study: StudyFolder) -> list[str]:
+    """The finished cooldown runs of the largest size at the largest budget: the models RQ6 evaluates."""
+    record = {run_id: run for run_id, run in study.frontier.items() if run.role == "cooldown"}
     largest = max(run.params for run in record.values())
     budget = max(run.budget for run in record.values() if run.params == largest)
-    return sorted(str(study_dir / "runs" / run_id) for run_id, run in record.items()
-                  if run.params == largest and run.budget == budget and (study_dir / "runs" / run_id / "result.json").is_file())
+    finished = {run.id: run.path for run in study.runs if run.result is not None}
+    return sorted(str(finished[run_id]) for run_id, run in record.items()
+                  if run.params == largest and run.budget == budget and run_id in finished)
 
 
-def lm_eval_results(study_dir: Path) -> dict:
+def lm_eval_results(study: StudyFolder) -> dict:
     """`RQ6_TASKS` on the largest model at the largest budget (every fraction and seed), run once and
     kept in ``<study>/claims/lm_eval/results.json``."""
-    folder = study_dir / "claims" / "lm_eval"
-    runs = _final_runs(study_dir)
+    folder = study.path / "claims" / "lm_eval"
+    runs = _final_runs(study)
     cached = folder / "results.json"
     if cached.is_file():
         results = json.loads(cached.read_text())
@@ -155,7 +153,8 @@ def _plot_rq6(panels: Mapping[str, Mapping[float, list[float]]]) -> bytes:
 
 
 def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
-    results = lm_eval_results(studies[SCALING])
+    study = StudyFolder(studies[SCALING])
+    results = lm_eval_results(study)
     ppl = _by_fraction(results, "lambada_stdlib", "perplexity")
     nextline = _by_fraction(results, "nextline_stdlib", "acc_norm")
     quiz = _by_fraction(results, "python_mc", "acc_norm")
@@ -178,14 +177,14 @@ def _judge_rq6(studies: Mapping[str, Path]) -> Finding:
     return from_parts(measured, parts, figure, "The three tasks against the rotated fraction, per seed.",
                       "LAMBADA accuracy is 0 for every tiny model (they predict no whole identifier), so the verdict reads "
                       "perplexity, as the seed's Fig. 5 does. python_mc has 8 items: a flat accuracy there is weak evidence.",
-                      regime(studies[SCALING], largest_only=True))
+                      regime(study, largest_only=True))
 
 
-def _plot_spikes(study_dir: Path, rows: list[dict]) -> bytes:
+def _plot_spikes(study: StudyFolder) -> bytes:
     fig = new_figure(6.5, 3.6)
     ax = fig.add_subplot(1, 1, 1)
-    spikes = {row["id"]: row["spike_list"] for row in rows}
-    for index, run in enumerate(collect_runs(study_dir)):
+    spikes = {row["id"]: row["spike_list"] for row in study.rows}
+    for index, run in enumerate(study.runs):
         ax.plot(run.steps, run.losses, lw=0.9, color=f"C{index}", label=run.id)
         marks = spikes.get(run.id, [])
         ax.plot([s["step"] for s in marks], [s["loss"] for s in marks], "v", ms=7, color=f"C{index}")
@@ -194,24 +193,23 @@ def _plot_spikes(study_dir: Path, rows: list[dict]) -> bytes:
 
 
 def _judge_spikes(studies: Mapping[str, Path]) -> Finding:
-    study_dir = studies["partial-spikes"]
-    rows = study_rows(study_dir)
-    counts = seed_groups(rows, "spikes", ["nope", "nope-qknorm"])
+    study = StudyFolder(studies["partial-spikes"])
+    counts = seed_groups(study.rows, "spikes", ["nope", "nope-qknorm"])
     parts = [("NoPE spikes (every seed)", present(counts["nope"])),
              ("QK-Norm leaves fewer spikes", lower(pick(counts, "nope-qknorm"), pick(counts, "nope")))]
-    losses = seed_groups(rows, variants=["nope", "nope-qknorm"])
+    losses = seed_groups(study.rows, variants=["nope", "nope-qknorm"])
     peaks = {variant_of(run.id) + f" seed {run.config.get('seed', 0)}": float(max(run.losses[1:], default=float("nan")))
-             for run in collect_runs(study_dir)}
+             for run in study.runs}
     measured = ("NoPE on parallel (Pythia-style) blocks, d_model 128, byte-level stdlib, without gradient clipping, "
-                f"{schedule(study_dir)}, with and without QK-Norm. Loss spikes "
+                f"{study.schedule()}, with and without QK-Norm. Loss spikes "
                 f"counted by the study's detector (rolling median + MAD): {mean_text(counts, '.0f')}. Highest training loss "
                 f"after the first step: {', '.join(f'{k} {v:.2f}' for k, v in peaks.items())} (the untrained model "
                 f"scores about 5.6). Final validation loss: {mean_text(losses)}.")
-    return from_parts(measured, parts, _plot_spikes(study_dir, rows), "Training loss; triangles mark the detected spikes.",
+    return from_parts(measured, parts, _plot_spikes(study), "Training loss; triangles mark the detected spikes.",
                     "The seed's spikes come after tens of billions of tokens; at 0.4M tokens a raised learning rate "
                     "stands in for that budget, as in the seed's Fig. 6(b). The detector needs 10 points of history, so "
                     "a blow-up in the first steps shows in the highest loss and the figure, not in the count. "
-                    + still_falling_note(study_dir), runs_regime(study_dir))
+                    + still_falling_note(study), runs_regime(study))
 
 
 PARTIAL_CLAIMS: list[Claim] = [

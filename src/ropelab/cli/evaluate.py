@@ -62,10 +62,15 @@ def _evaluate_sources(args: argparse.Namespace, names: tuple[str, ...], evaluate
 
 def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
     _add_sources(p, "longctx.json, longctx.md, longctx_heatmap.png, loss_by_position.png")
-    p.add_argument("--tasks", help="comma-separated: passkey, needle (default: both)")
-    p.add_argument("--lengths", type=token_counts, help="prompt lengths in tokens, k = 1024 (default 256,512,1k,2k,4k)")
+    p.add_argument("--tasks", help="comma-separated: passkey, needle, ruler (all of RULER's synthetic tasks) or RULER's "
+                                   "niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe "
+                                   "(default: passkey,needle)")
+    p.add_argument("--lengths", type=token_counts, help="prompt lengths in tokens, k = 1024; for RULER's tasks the "
+                                                          "prompt and its new tokens (default 256,512,1k,2k,4k)")
     p.add_argument("--depths", type=numbers, help="needle positions in the haystack, 0 = start, 1 = end (default 0,0.25,0.5,0.75,1)")
-    p.add_argument("--items", type=int, help="items per (length, depth) cell (default 2)")
+    p.add_argument("--items", type=int, help="items per (length, depth) cell; per length for RULER's tasks (default 2)")
+    p.add_argument("--threshold", type=float, help="RULER's effective length: the longest length whose average score "
+                                                     "(%%) is above this (default 85.6, Llama-2-7B at 4K in the paper)")
     p.add_argument("--distractors", type=int, help="wrong answers the true one is ranked against (default 9)")
     p.add_argument("--digits", type=int, help="digits of the answer (default 5)")
     p.add_argument("--loss-length", type=int, help="loss-by-position window in tokens (default: the longest length; 0: skip)")
@@ -78,8 +83,8 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
 def cmd_eval_longctx(args: argparse.Namespace) -> int:
     from ropelab.evaluate.longctx import evaluate_longctx
 
-    names = ("tasks", "lengths", "depths", "items", "distractors", "digits", "loss_length", "loss_windows", "seed",
-             "batch_size", "device")
+    names = ("tasks", "lengths", "depths", "items", "threshold", "distractors", "digits", "loss_length", "loss_windows",
+             "seed", "batch_size", "device")
     return _evaluate_sources(args, names, evaluate_longctx, "longctx.md")
 
 
@@ -114,7 +119,7 @@ def cmd_eval_extrapolation(args: argparse.Namespace) -> int:
 EVAL_COMMANDS: list[Command] = [
     ("lm", _add_eval_lm, cmd_eval_lm, "zero-shot lm-evaluation-harness tasks (default: the seed's suite) on runs or checkpoints"),
     ("longctx", _add_eval_longctx, cmd_eval_longctx,
-     "passkey and needle-in-a-haystack retrieval over context lengths x depths, and loss by position"),
+     "passkey and needle-in-a-haystack retrieval over context lengths x depths, RULER's synthetic tasks, loss by position"),
     ("extrapolation", _add_eval_extrapolation, cmd_eval_extrapolation,
      "RoPE scaling methods (none, linear, ntk, yarn, dynamic) beyond the trained length: loss by position, passkey"),
 ]
@@ -124,6 +129,6 @@ _add_eval, cmd_eval = command_group(EVAL_COMMANDS, "eval")
 
 
 COMMANDS: list[Command] = [
-    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, loss by position), "
+    ("eval", _add_eval, cmd_eval, "evaluate runs: `eval lm` (lm-evaluation-harness tasks), `eval longctx` (passkey, needle, RULER, loss by position), "
                                   "`eval extrapolation` (RoPE scaling methods beyond the trained length)"),
 ]

@@ -143,7 +143,7 @@ def cmd_rope_base(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ropelab.rope_bound import bound_table
+    from ropelab.rope.bound import bound_table
 
     rows = bound_table(args.context, args.dims, args.theta, progress=not args.no_progress and not args.json)
     if args.json:

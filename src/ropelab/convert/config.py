@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ropelab.config import ConfigError, from_dict, parse_override, set_dotted
-from ropelab.config_checks import SEED_MAX, TOKENS_MAX, check_ints
-from ropelab.rope_pairs import STRATEGIES
+from ropelab.config.checks import SEED_MAX, TOKENS_MAX, check_ints
+from ropelab.rope.pairs import STRATEGIES
 
 
 @dataclass

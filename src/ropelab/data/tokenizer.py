@@ -5,7 +5,7 @@ Spec strings (``data.tokenizer``):
   * ``bpe:<vocab>``    – byte-level BPE trained with HF `tokenizers` on the training split of
                          the built-in corpus, cached under ``$ROPELAB_CACHE`` keyed by corpus and vocab;
   * a built-in model   – the tokenizer of a built-in model source such as ``smollm2-135m``
-                         (`ropelab.sources.gguf.BUILTIN_SOURCES`), read from its GGUF file once and
+                         (`ropelab.sources.gguf_files.BUILTIN_SOURCES`), read from its GGUF file once and
                          cached under ``$ROPELAB_CACHE``: students that share the model's tokenizer;
   * anything else      – an HF tokenizer: a ``tokenizer.json`` file, a local folder, or a hub
                          name (loaded with `transformers.AutoTokenizer`; code shipped with it runs
@@ -187,7 +187,8 @@ def builtin_model_tokenizer(name: str) -> Optional[HFTokenizer]:
     time) on first use, so later loads need neither transformers nor the GGUF file's header."""
     from tokenizers import Tokenizer as RustTokenizer
 
-    from ropelab.sources.gguf import BUILTIN_SOURCES, builtin_gguf, load_gguf_tokenizer
+    from ropelab.sources.gguf import load_gguf_tokenizer
+    from ropelab.sources.gguf_files import BUILTIN_SOURCES, builtin_gguf
 
     if name not in BUILTIN_SOURCES:
         return None

@@ -1,12 +1,13 @@
-"""lm-evaluation-harness on ropelab runs: a model class for the harness, the seed's task suite, reports.
+"""lm-evaluation-harness on ropelab runs: every run on every task, with reports, and the harness's own
+CLI with the model "ropelab" registered.
 
-  RopelabLM                     the harness model "ropelab": ``--model ropelab --model_args
-                                pretrained=RUN_OR_CHECKPOINT[,batch_size=8,device=cuda,max_length=N,...]``
   evaluate_lm(runs, tasks, out) every run on every task -> results.json, results.md (a column per run,
                                 a row per task/metric) and, with LAMBADA, lambada_ppl_vs_fraction.png
-  PAPER_TASKS                   the partial-RoPE seed's zero-shot suite (task lookup and datasets:
-                                `ropelab.evaluate.lm_eval_tasks`; metrics and reports:
-                                `ropelab.evaluate.lm_eval_report`)
+  cli_evaluate()                lm-eval's CLI with "ropelab" registered (``ropelab-lm-eval``)
+
+The pieces: the harness model `ropelab.evaluate.lm_eval_model.RopelabLM` (its model_args:
+`ropelab.evaluate.lm_eval_args`), the seed's task suite and task lookup `ropelab.evaluate.lm_eval_tasks`,
+metrics and reports `ropelab.evaluate.lm_eval_report`.
 
 How the harness finds "ropelab". lm-eval (0.4.x up to at least 0.4.13) resolves ``--model NAME`` only
 through its in-process registry, filled by ``lm_eval.models`` and by whatever module the caller has
@@ -21,325 +22,19 @@ imported; it reads no entry points. Ways that work:
 The package also declares ``[project.entry-points."lm_eval.models"] ropelab = ...``: lm-eval releases
 with entry-point plugin discovery (lm-evaluation-harness PR #4013) then find it from the plain ``lm_eval``
 CLI with nothing imported by hand.
-
-Scoring follows the harness's HF backend (``HFLM``): the same context/continuation split, left
-truncation to ``max_length`` and rolling windows. Two defaults are ropelab's own: ``max_length`` is the
-context the weights were trained at (`ropelab.evaluate.trained_context.trained_length`: a trained run's
-``data.seq_len``, not its 8192+ ``model.max_seq_len``; a released checkpoint's own context), and the
-prefix token of empty contexts and rolling windows is EOS (what ropelab training puts between
-documents, whatever BOS the tokenizer has). ``ropelab export`` writes both where HFLM reads them (see
-`ropelab.export.hf`), so ``--model hf`` on an exported folder gives the same number for every item as
-``--model ropelab`` on its run, with no model_args beyond ``dtype=float32``.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
-
-import torch
-import torch.nn.functional as F
-from tqdm import tqdm
+from typing import Optional, Sequence
 
 from ropelab import sources
 from ropelab.config import ConfigError
-from ropelab.evaluate.lm_eval_report import (  # noqa: F401 - PAPER_METRICS, results_markdown, plot_lambada re-exported
-    PAPER_METRICS, metric_value, plot_lambada, results_markdown, run_labels, select_metrics, write_reports,
-)
-
-try:
-    import lm_eval
-    import lm_eval.models  # noqa: F401 - fills the registry with the built-in models (get_model only
-    # imports them into an *empty* registry, and registering "ropelab" first would hide "hf" & co.)
-    from lm_eval.api.model import TemplateLM
-    from lm_eval.api.registry import register_model
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        f"ropelab.evaluate.lm_eval needs lm-evaluation-harness ({exc}): pip install 'ropelab[eval]'"
-    ) from exc
-
-from ropelab.evaluate.lm_eval_tasks import PAPER_TASKS, load_tasks, resolve_tasks  # noqa: E402, F401 - PAPER_TASKS re-exported
-from ropelab.evaluate.trained_context import trained_length  # noqa: E402
-
-log = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------ the harness model
-
-
-def _as_int(value: Any, key: str) -> Optional[int]:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"model_args {key}={value!r}: expected an integer") from None
-
-
-def _parse_batch_size(value: Any) -> int:
-    if value is None:
-        return 8
-    text = str(value)
-    if text.startswith("auto"):
-        log.warning("ropelab: batch_size=%s: no automatic batch sizing, using 8", text)
-        return 8
-    size = _as_int(text, "batch_size")
-    if size is None or size < 1:
-        raise ConfigError(f"model_args batch_size={value!r}: must be >= 1")
-    return size
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name == "auto":
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if cuda_bf16 else torch.float32
-    if name not in table:
-        raise ConfigError(f"model_args dtype={name!r}: choose float32, bfloat16, float16 or auto")
-    return table[name]
-
-
-def effective_rope_fraction(config) -> float:
-    """Rotated channels over head channels, averaged over layers (per-layer overrides included)."""
-    c = config.model if hasattr(config, "model") else config
-    dims = [c.rope_for_layer(layer).resolve_dims(c.head_size) for layer in range(c.n_layer)]
-    return sum(dims) / (len(dims) * c.head_size)
-
-
-class RopelabLM(TemplateLM):
-    """A ropelab run, checkpoint or imported folder as an lm-eval model (fp32 on CUDA when present).
-
-    model_args: pretrained (required), batch_size (8), device (cuda if available, else cpu),
-    max_length (`trained_length`: a run's data.seq_len, a released model's context), max_gen_toks
-    (256), prefix_token_id (EOS), dtype (float32 | bfloat16 | float16 | auto). Generation is greedy;
-    ``until`` strings and EOS stop it."""
-
-    def __init__(
-        self,
-        pretrained: str,
-        batch_size: Any = 8,
-        max_batch_size: Any = None,  # passed by the harness; no automatic sizing here
-        device: Optional[str] = None,
-        max_length: Any = None,
-        max_gen_toks: Any = 256,
-        prefix_token_id: Any = None,
-        dtype: str = "float32",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__()
-        if kwargs:
-            log.warning("ropelab: ignoring unknown model_args %s", ", ".join(sorted(kwargs)))
-        self.pretrained = str(pretrained)
-        source = sources.resolve(self.pretrained)
-        model, self.rope_tokenizer, config = sources.load(source)
-        self.checkpoint = str(source.checkpoint or source.location)
-        data = config.data
-        if self.rope_tokenizer.vocab_size > config.model.vocab_size:
-            raise ConfigError(
-                f"{pretrained}: tokenizer {data.tokenizer!r} has {self.rope_tokenizer.vocab_size} tokens, "
-                f"the model {config.model.vocab_size}; not the run's tokenizer"
-            )
-        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
-            log.warning("ropelab: device=%s but CUDA is not available; using the CPU", device)  # HFLM does the same
-            device = "cpu"
-        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = _dtype(str(dtype), self._device)
-        self.model = model.to(self._device, self.dtype).eval()
-        self.run_config = config
-        self._batch_size = _parse_batch_size(batch_size)
-        self._max_length = _as_int(max_length, "max_length") or trained_length(source, config)
-        self._max_gen_toks = _as_int(max_gen_toks, "max_gen_toks") or 256
-        self._prefix = _as_int(prefix_token_id, "prefix_token_id")
-        self.rope_fraction = effective_rope_fraction(config)
-        self._warned_sampling = False
-
-    # ---------------------------------------------------------------- harness properties
-
-    @property
-    def eot_token_id(self) -> int:
-        return self.rope_tokenizer.eos_id
-
-    @property
-    def prefix_token_id(self) -> int:
-        return self.eot_token_id if self._prefix is None else self._prefix
-
-    @property
-    def max_length(self) -> int:
-        return self._max_length
-
-    @property
-    def max_gen_toks(self) -> int:
-        return self._max_gen_toks
-
-    @property
-    def batch_size(self) -> int:
-        return self._batch_size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def tokenizer_name(self) -> str:
-        return f"ropelab:{self.run_config.data.tokenizer}"
-
-    def get_model_info(self) -> dict:
-        return {
-            "ropelab_checkpoint": self.checkpoint,
-            "model_num_parameters": self.model.num_params(),
-            "effective_rope_fraction": self.rope_fraction,
-            "max_length": self.max_length,
-            "dtype": str(self.dtype).removeprefix("torch."),
-        }
-
-    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
-        return self.rope_tokenizer.encode_batch([string])[0]  # ropelab tokenizers add no special tokens
-
-    def tok_decode(self, tokens: Iterable[int], **kwargs: Any) -> str:
-        return self.rope_tokenizer.decode([int(t) for t in tokens])
-
-    # ---------------------------------------------------------------- scoring
-
-    @torch.no_grad()
-    def _score(self, pairs: Sequence[tuple[list[int], list[int]]], disable_tqdm: bool = True) -> list[tuple[float, bool]]:
-        """(sum of continuation log-probs, continuation is the greedy one) per (context, continuation),
-        the input left-truncated to max_length tokens as HFLM does."""
-        results: list[Optional[tuple[float, bool]]] = [None] * len(pairs)
-        inputs = []
-        for context, continuation in pairs:
-            if not continuation:
-                raise ValueError("ropelab: empty continuation")
-            if not context:  # the harness moves a context's trailing whitespace into the continuation
-                raise ValueError("ropelab: empty context (a context of only whitespace?); HFLM refuses it too")
-            if len(continuation) > self.max_length:
-                raise ValueError(f"ropelab: continuation of {len(continuation)} tokens > max_length {self.max_length}")
-            inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
-        order = sorted(range(len(pairs)), key=lambda i: -len(inputs[i]))
-        pad = self.eot_token_id
-        progress = tqdm(total=len(pairs), disable=disable_tqdm or len(pairs) < 2, desc="ropelab: scoring")
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            width = len(inputs[chunk[0]])
-            batch = torch.full((len(chunk), width), pad, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                batch[row, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
-            hidden = self.model.hidden_states(batch.to(self.device))  # right padding: causal, never attended
-            for row, i in enumerate(chunk):
-                n, target = len(inputs[i]), pairs[i][1]
-                logits = self.model.lm_head(hidden[row, n - len(target): n]).float()  # (len(target), V)
-                logprobs = F.log_softmax(logits, dim=-1)
-                target_t = torch.tensor(target, dtype=torch.long, device=logprobs.device)
-                score = logprobs.gather(-1, target_t[:, None]).sum().item()
-                results[i] = (float(score), bool((logprobs.argmax(-1) == target_t).all()))
-            progress.update(len(chunk))
-        progress.close()
-        return results  # type: ignore[return-value]
-
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
-        results = self._score([(context, continuation) for _, context, continuation in requests], disable_tqdm)
-        for (request, _, _), answer in zip(requests, results):
-            if request is not None:
-                self.cache_hook.add_partial("loglikelihood", request, answer)
-        return results
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-        windows, owners = [], []
-        for index, request in enumerate(requests):
-            (string,) = request.args
-            for window in get_rolling_token_windows(
-                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1,
-            ):
-                windows.append(make_disjoint_window(window))
-                owners.append(index)
-        totals = [0.0] * len(requests)
-        for owner, (score, _) in zip(owners, self._score(windows, disable_tqdm)):
-            totals[owner] += score
-        for request, total in zip(requests, totals):
-            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
-        return totals
-
-    # ---------------------------------------------------------------- generation
-
-    @torch.no_grad()
-    def _greedy(self, contexts: list[list[int]], until: list[str], max_new: int) -> list[str]:
-        """Greedy continuation of each context (right-padded batch, no KV cache), stopped by EOS,
-        by any of `until` in the decoded text, or after max_new tokens; the text before the first stop."""
-        eos = self.eot_token_id
-        generated: list[list[int]] = [[] for _ in contexts]
-        done = [False] * len(contexts)
-        for _ in range(max_new):
-            live = [i for i, d in enumerate(done) if not d]
-            if not live:
-                break
-            seqs = [contexts[i] + generated[i] for i in live]
-            width = max(len(s) for s in seqs)
-            batch = torch.full((len(live), width), eos, dtype=torch.long)
-            for row, seq in enumerate(seqs):
-                batch[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            hidden = self.model.hidden_states(batch.to(self.device))
-            last = torch.stack([hidden[row, len(seq) - 1] for row, seq in enumerate(seqs)])
-            next_ids = self.model.lm_head(last).float().argmax(-1).tolist()
-            for i, token in zip(live, next_ids):
-                if token == eos:
-                    done[i] = True
-                    continue
-                generated[i].append(int(token))
-                if until and any(stop in self.tok_decode(generated[i]) for stop in until):
-                    done[i] = True
-        texts = []
-        for ids in generated:
-            text = self.tok_decode(ids)
-            for stop in until:
-                if stop:
-                    text = text.split(stop)[0]
-            texts.append(text)
-        return texts
-
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        groups: dict[tuple, list[int]] = {}
-        settings = []
-        for index, request in enumerate(requests):
-            context, gen_kwargs = request.args
-            gen_kwargs = dict(gen_kwargs or {})
-            until = gen_kwargs.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = _as_int(
-                gen_kwargs.pop("max_gen_toks", None) or gen_kwargs.pop("max_new_tokens", None), "max_gen_toks"
-            ) or self.max_gen_toks
-            if (gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature", 0) or 0) > 0) and not self._warned_sampling:
-                log.warning("ropelab: sampling requested (%s); generating greedily", gen_kwargs)
-                self._warned_sampling = True
-            settings.append((context, until, max_new))
-            groups.setdefault((tuple(until), max_new), []).append(index)
-        out: list[Optional[str]] = [None] * len(requests)
-        for (until, max_new), indices in groups.items():
-            budget = self.max_length - max_new
-            if budget <= 0:
-                raise ConfigError(f"max_gen_toks={max_new} leaves no room for a context in max_length={self.max_length}")
-            for start in range(0, len(indices), self.batch_size):
-                chunk = indices[start:start + self.batch_size]
-                contexts = [(self.tok_encode(settings[i][0]) or [self.prefix_token_id])[-budget:] for i in chunk]
-                for i, text in zip(chunk, self._greedy(contexts, list(until), max_new)):
-                    out[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
-        return out  # type: ignore[return-value]
-
-
-def _register() -> None:
-    try:
-        register_model("ropelab")(RopelabLM)
-    except ValueError:  # already there as an entry-point placeholder for this very class
-        pass
-
-
-_register()
-
-# ------------------------------------------------------------------ evaluate
+from ropelab.evaluate.lm_eval_model import RopelabLM  # registers "ropelab" with the harness
+from ropelab.evaluate.lm_eval_report import metric_value, run_labels, select_metrics, write_reports
+from ropelab.evaluate.lm_eval_tasks import load_tasks, resolve_tasks
 
 
 def evaluate_lm(
@@ -357,6 +52,7 @@ def evaluate_lm(
     """Evaluate each run (run dir, checkpoint or imported folder) zero-shot on `tasks` ("paper" for the
     seed's suite, or names, harness or under `include_path`); write results.json, results.md and, with a
     LAMBADA task, lambada_ppl_vs_fraction.png into `out_dir`. Returns the results.json content."""
+    import lm_eval
     from lm_eval import simple_evaluate
 
     if not runs:
@@ -399,9 +95,6 @@ def evaluate_lm(
     return results
 
 
-# ------------------------------------------------------------------ lm-eval's CLI, with "ropelab" registered
-
-
 def cli_evaluate() -> None:
     """``lm-eval`` with the "ropelab" model registered (`python -m ropelab.evaluate.lm_eval ...`)."""
     from lm_eval.__main__ import cli_evaluate as harness_cli
@@ -409,11 +102,7 @@ def cli_evaluate() -> None:
     harness_cli()
 
 
-__all__ = [
-    "PAPER_TASKS", "PAPER_METRICS", "RopelabLM", "evaluate_lm", "load_tasks", "resolve_tasks",
-    "select_metrics", "results_markdown", "write_reports", "plot_lambada", "effective_rope_fraction",
-    "cli_evaluate",
-]
+__all__ = ["evaluate_lm", "cli_evaluate"]
 
 if __name__ == "__main__":
     cli_evaluate()

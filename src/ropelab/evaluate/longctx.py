@@ -1,6 +1,10 @@
-"""Long-context evaluation: passkey retrieval, needle in a haystack, and loss by position.
+"""Long-context evaluation: passkey retrieval, needle in a haystack, RULER's synthetic tasks, and loss
+by position.
 
-Retrieval tasks and their items: `ropelab.evaluate.longctx_items`.
+Retrieval tasks and their items: `ropelab.evaluate.longctx_items`; RULER's tasks: their items
+`ropelab.evaluate.ruler_items`, run and scored by `ropelab.evaluate.ruler_eval` (greedy generation,
+`string_match_all`, answer rank), with the average per length and the effective length of
+`ropelab.evaluate.ruler_score`.
 
 Scores per item:
   exact match  greedy decoding gives the answer and then no further digit. Greedy decoding is read off
@@ -12,9 +16,8 @@ Scores per item:
                log-probability given the prompt: 1 = best, ties share (rank = 1 + better + ties / 2).
                Reported as mean reciprocal rank (mrr) and accuracy@1 (strictly best); they show
                progress in small models that cannot generate the answer yet.
-Prompts of one length run `batch_size` at a time with their keys and values kept (the model has no
-KV cache; a small one stands in for its attention while prompts are scored), then each prompt's
-candidates run side by side in one short row after it: about one pass of `length` tokens per item.
+Prompts of one length run `batch_size` at a time, each prompt's candidates side by side in one short
+row after it (`ropelab.evaluate.longctx_candidates`): about one pass of `length` tokens per item.
 
 Loss by position: `loss_windows` windows of loss_length + 1 validation tokens, each starting at a
 document start, picked by seed among documents at least that long; when there are too few, the rest
@@ -22,15 +25,15 @@ start at other documents and run on through the packed stream (results count the
 windows). Token losses are averaged per position over windows, then over log-spaced position buckets.
 
 `evaluate_longctx(run_dirs, out_dir, ...)` checks every input first (runs, lengths against each
-model's max_seq_len, validation split sizes, the output folder), then evaluates run by run and writes
-the reports of `ropelab.evaluate.longctx_report`. CLI: ``ropelab eval longctx RUN ... --out DIR``.
+model's max_seq_len unless the model sets RoPE scaling, validation split sizes, the output folder),
+then evaluates run by run and writes the reports of `ropelab.evaluate.longctx_report`. CLI:
+``ropelab eval longctx RUN ... --out DIR``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -38,21 +41,23 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ropelab import sources
-from ropelab.attention import attend
 from ropelab.config import ConfigError
 from ropelab.data.pipeline import open_token_folder, token_folder
 from ropelab.data.tokenizer import load_tokenizer
 from ropelab.data.tokens import open_split
 from ropelab.evaluate.lm_eval_report import run_labels
 from ropelab.evaluate.longctx_report import check_out_dir, write_reports
-from ropelab.evaluate.trained_context import trained_length
-from ropelab.model import project
+from ropelab.evaluate.longctx_candidates import candidate_logits, candidate_scores, candidate_slots, rank_of_true
 from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
+from ropelab.evaluate.ruler_eval import ruler_cell, ruler_task_result
+from ropelab.evaluate.ruler_items import build_ruler_items
+from ropelab.evaluate.ruler_score import ruler_summary
+from ropelab.evaluate.ruler_tasks import RULER_TASKS
+from ropelab.evaluate.trained_context import trained_length
 
 # ------------------------------------------------------------------ scoring
 
@@ -68,96 +73,15 @@ def greedy_along(answer: Sequence[int], argmax: Sequence[int]) -> list[int]:
     return emitted
 
 
-def rank_of_true(scores: Sequence[float]) -> float:
-    """Rank of scores[0] among all scores, higher is better: 1 + better + ties / 2."""
-    true, others = scores[0], np.asarray(scores[1:])
-    return 1.0 + float((others > true).sum()) + 0.5 * float((others == true).sum())
-
-
-class _PrefixAttention(nn.Module):
-    """Stands in for one `ropelab.model.Attention` while prompts are scored. The first forward (the
-    prompts) is ordinary causal attention and keeps the rotated keys and values; the second (each
-    prompt's answer candidates laid side by side in one row, every candidate at the positions right
-    after its prompt) attends to those keys and values plus the keys of its own row as
-    `suffix_mask` allows: the KV cache the model itself does not have, so a candidate costs its own
-    few tokens instead of another pass over the whole prompt."""
-
-    def __init__(self, attention: nn.Module, suffix_mask: torch.Tensor):
-        super().__init__()
-        self.inner = attention
-        self.suffix_mask = suffix_mask  # (T, P + T) bool: which prompt and row keys each row token sees
-        self.keys: Optional[torch.Tensor] = None
-        self.values: Optional[torch.Tensor] = None
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None, kv_cache=None,
-                norm: Optional[nn.Module] = None) -> torch.Tensor:
-        a = self.inner  # `kv_cache`: the model's own cache, never given here (this class is the prefix cache)
-        B, T, _ = x.shape
-        q, k, v = project(norm, x, a.q_proj, a.k_proj, a.v_proj)
-        q = a.q_norm(q.view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
-        k = a.k_norm(k.view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)
-        v = v.view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
-        q, k = a.rope(q, k, position_ids)
-        if self.keys is None:
-            self.keys, self.values = k, v
-            y = attend(q, k, v)
-        else:
-            k, v = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.suffix_mask, enable_gqa=a.n_head != a.n_kv_head)
-        return a.o_proj(y.transpose(1, 2).reshape(B, T, a.n_head * a.head_dim))
-
-
-@contextmanager
-def _prefix_cache(model, suffix_mask: torch.Tensor):
-    blocks = list(getattr(model, "blocks", []))
-    originals = [block.attn for block in blocks]
-    try:
-        for block in blocks:
-            block.attn = _PrefixAttention(block.attn, suffix_mask)
-        yield
-    finally:
-        for block, attention in zip(blocks, originals):
-            block.attn = attention
-
-
-def candidate_slots(candidates: Sequence[Sequence[Sequence[int]]], pad_id: int) -> torch.Tensor:
-    """(N, C, A) token ids: candidate c of prompt n, padded with `pad_id` to the longest, A."""
-    width = max(len(c) for row in candidates for c in row)
-    slots = torch.full((len(candidates), len(candidates[0]), width), pad_id, dtype=torch.long)
-    for n, row in enumerate(candidates):
-        for c, candidate in enumerate(row):
-            slots[n, c, : len(candidate)] = torch.tensor(candidate, dtype=torch.long)
-    return slots
-
-
-@torch.no_grad()
-def candidate_logits(model, prompts: np.ndarray, slots: torch.Tensor, device="cpu") -> torch.Tensor:
-    """Logits (N, C, A + 1, V) for prompts (N, L) and their candidates `slots` (N, C, A): [n, c, 0]
-    after prompt n, [n, c, k] after its candidate c's first k tokens (past a candidate's end: padding).
-    `model` needs `hidden_states(ids, position_ids)`, `lm_head` and (optionally) `blocks[i].attn`."""
-    (N, L), (_, C, A) = prompts.shape, slots.shape
-    positions = (L + torch.arange(A)).repeat(C).expand(N, C * A)
-    slot = torch.arange(C * A)
-    own_past = (slot[:, None] // A == slot[None, :] // A) & (slot[:, None] >= slot[None, :])
-    suffix_mask = torch.cat([torch.ones(C * A, L, dtype=torch.bool), own_past], dim=1).to(device)
-    with _prefix_cache(model, suffix_mask):
-        last = model.hidden_states(torch.from_numpy(prompts).to(device))[:, -1:]  # (N, 1, d_model)
-        hidden = model.hidden_states(slots.flatten(1).to(device), position_ids=positions.to(device))  # (N, C*A, d_model)
-    hidden = torch.cat([last[:, None].expand(N, C, 1, -1), hidden.view(N, C, A, -1)], dim=2)  # (N, C, A + 1, d_model)
-    return model.lm_head(hidden).float()
-
-
 def score_items(model, items: Sequence[Item], decode, pad_id: int, batch_size: int = 8, device="cpu") -> list[dict]:
     """Rank, exact match and greedy output of each item; items of one length, `batch_size` prompts per pass."""
     results = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        slots = candidate_slots([item.candidates for item in chunk], pad_id)
+        candidates = [item.candidates for item in chunk]
+        slots = candidate_slots(candidates, pad_id)
         logits = candidate_logits(model, np.stack([item.prompt for item in chunk]), slots, device)  # (N, C, A + 1, V)
-        lengths = torch.tensor([[len(c) for c in item.candidates] for item in chunk])
-        valid = torch.arange(slots.shape[2]) < lengths[..., None]  # (N, C, A)
-        token_logprobs = F.log_softmax(logits[:, :, :-1], dim=-1).gather(-1, slots.to(logits.device)[..., None])[..., 0]
-        scores = (token_logprobs.cpu() * valid).sum(-1)  # (N, C): summed log-probability of each candidate
+        scores = candidate_scores(logits, slots, candidates)  # (N, C)
         greedy = logits[:, 0].argmax(-1).cpu()  # (N, A + 1), along the true answer
         for n, item in enumerate(chunk):
             answer = item.candidates[0]
@@ -241,8 +165,8 @@ class _Run:
     label: str
     config: Any
     tokenizer: Any
-    validation: Any  # TokenSplit
-    items: dict[str, list[Item]]
+    validation: Any  # TokenSplit; None when neither the needle nor loss by position needs it
+    items: dict[str, list]  # Item or RulerItem
 
 
 def validation_split(run: str, config) -> tuple[Any, Any]:
@@ -268,23 +192,32 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
     data = config.data
     key = (data.tokenizer, data.corpus, data.val_percent)
     if key not in cache:
-        tokenizer, validation = validation_split(run, config)
+        if "needle" in settings.tasks or settings.loss_tokens:
+            tokenizer, validation = validation_split(run, config)
+        else:
+            tokenizer, validation = load_tokenizer(data.tokenizer, data.corpus, data.val_percent), None
         items = {}
         for task in settings.tasks:
-            source = haystack_source(tokenizer, task, validation, max(settings.lengths))
-            items[task] = build_items(tokenizer, task, source, settings)
+            if task in RULER_TASKS:
+                items[task] = build_ruler_items(tokenizer, task, settings.lengths, settings.items, settings.seed,
+                                                settings.distractors)
+            else:
+                source = haystack_source(tokenizer, task, validation, max(settings.lengths))
+                items[task] = build_items(tokenizer, task, source, settings)
         cache[key] = (tokenizer, validation, items)
     tokenizer, validation, items = cache[key]
-    longest = max(len(it.prompt) + len(c) for task_items in items.values() for it in task_items for c in it.candidates)
-    limit = config.model.max_seq_len
+    longest = max(it.positions for task_items in items.values() for it in task_items)
+    scaled = any(config.model.rope_for_layer(layer).scaling is not None for layer in range(config.model.n_layer))
+    limit = float("inf") if scaled else config.model.max_seq_len  # scaled RoPE is meant to run past it
     if longest > limit:
         raise ConfigError(
             f"{run}: prompts of up to {max(settings.lengths)} tokens plus the answer need {longest} positions, "
-            f"beyond the model's max_seq_len {limit}; use lengths up to {limit - (longest - max(settings.lengths))}"
+            f"beyond the model's max_seq_len {limit}; use lengths up to {limit - (longest - max(settings.lengths))} "
+            "or a model with RoPE scaling (model.rope.scaling)"
         )
     if settings.loss_tokens > limit:
         raise ConfigError(f"{run}: loss_length {settings.loss_tokens} is beyond the model's max_seq_len {limit}")
-    if settings.loss_tokens + 1 > validation.num_tokens:
+    if settings.loss_tokens and settings.loss_tokens + 1 > validation.num_tokens:
         raise ConfigError(
             f"{run}: loss_length {settings.loss_tokens} needs {settings.loss_tokens + 1} validation tokens, "
             f"the split has {validation.num_tokens}"
@@ -299,6 +232,16 @@ def progress_bar(enabled: bool, title: str = "longctx"):
         TextColumn(f"[bold]{title}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not enabled,
     )
+
+
+def _depth_cells(model, items: Sequence[Item], settings: LongContextSettings, tokenizer, device) -> list[dict]:
+    """The (length, depth) cells of passkey or needle items of one length."""
+    scored = score_items(model, items, tokenizer.decode, tokenizer.eos_id, settings.batch_size, device)
+    cells = []
+    for depth in settings.depths:
+        results = [r for it, r in zip(items, scored) if it.depth == depth]
+        cells.append({"length": items[0].length, "depth": depth, **summarize_cell(results), "items": results})
+    return cells
 
 
 def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device, progress, task_id) -> dict:
@@ -316,14 +259,19 @@ def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device
         cells = []
         for length in settings.lengths:
             progress.update(task_id, description=f"{run.label} {task} {length} tokens")
-            same_length = [it for it in items if it.length == length]
-            scored = score_items(model, same_length, tokenizer.decode, tokenizer.eos_id, settings.batch_size, device)
-            for depth in settings.depths:
-                results = [r for it, r in zip(same_length, scored) if it.depth == depth]
-                cells.append({"length": length, "depth": depth, **summarize_cell(results), "items": results})
+            if task in RULER_TASKS:
+                cells.append(ruler_cell(model, items, tokenizer, length, device))
+            else:
+                cells += _depth_cells(model, [it for it in items if it.length == length], settings, tokenizer, device)
             progress.advance(task_id)
-        every = [r for cell in cells for r in cell["items"]]
-        entry["tasks"][task] = {"items_fingerprint": items_fingerprint(items), **summarize_cell(every), "cells": cells}
+        if task in RULER_TASKS:
+            entry["tasks"][task] = ruler_task_result(items, cells)
+        else:
+            every = [r for cell in cells for r in cell["items"]]
+            entry["tasks"][task] = {"items_fingerprint": items_fingerprint(items), **summarize_cell(every), "cells": cells}
+    ruler = [task for task in settings.tasks if task in RULER_TASKS]
+    if ruler:
+        entry["ruler"] = ruler_summary(entry["tasks"], ruler, settings.threshold)
     if settings.loss_tokens:
         progress.update(task_id, description=f"{run.label} loss by position")
         windows, single = position_windows(run.validation, settings.loss_tokens, settings.loss_windows, settings.seed)
@@ -349,8 +297,9 @@ def evaluate_longctx(
     progress: bool = True,
     **options: Any,
 ) -> dict:
-    """Passkey and needle retrieval over lengths x depths, and loss by position, for each run (run dir,
-    checkpoint or imported folder). `options` override fields of `settings` (`LongContextSettings`).
+    """Passkey and needle retrieval over lengths x depths, RULER's tasks over lengths, and loss by
+    position, for each run (run dir, checkpoint or imported folder). `options` override fields of
+    `settings` (`LongContextSettings`).
     Writes longctx.json, longctx.md, longctx_heatmap.png and loss_by_position.png into `out_dir` and
     returns the longctx.json content."""
     settings = make_settings(settings, **options)
@@ -374,7 +323,7 @@ def evaluate_longctx(
 
 
 __all__ = [
-    "greedy_along", "rank_of_true", "candidate_slots", "candidate_logits", "score_items",
+    "greedy_along", "score_items",
     "summarize_cell", "log_buckets", "documents", "position_windows", "loss_by_position", "bucket_means",
     "validation_split", "torch_device", "progress_bar", "trained_length", "evaluate_longctx",
 ]

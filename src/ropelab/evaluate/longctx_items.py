@@ -13,7 +13,9 @@ every prompt is exactly `length` tokens. An item depends only on (seed, task, le
 the tokenizer and the validation split: every depth of a length hides the same answer in the same
 haystack, and runs sharing a data config see identical items (results carry a fingerprint).
 
-`LongContextSettings` (validated by `make_settings`) says what `ropelab.evaluate.longctx` measures.
+RULER's synthetic tasks (`RULER_TASKS`, "ruler" for all of them) are built by
+`ropelab.evaluate.ruler_items`. `LongContextSettings` (validated by `make_settings`) says what
+`ropelab.evaluate.longctx` measures.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.evaluate.ruler_score import DEFAULT_THRESHOLD
+from ropelab.evaluate.ruler_tasks import RULER_TASKS
 
 TASKS = ("passkey", "needle")
+RULER = "ruler"  # every RULER task
 _TASK_STREAM = {"passkey": 1, "needle": 2}  # seed stream per task (the loss windows use 0)
 
 
@@ -69,11 +74,16 @@ class LongContextSettings:
     loss_buckets: int = 12
     seed: int = 0
     batch_size: int = 8  # prompts (or loss-by-position windows) per forward pass
+    threshold: float = DEFAULT_THRESHOLD  # RULER's effective length: the longest length whose average beats it
 
     def validate(self) -> "LongContextSettings":
-        unknown = [t for t in self.tasks if t not in TASKS]
+        self.tasks = tuple(name for task in self.tasks for name in (RULER_TASKS if task == RULER else (task,)))
+        unknown = [t for t in self.tasks if t not in TASKS and t not in RULER_TASKS]
         if unknown or not self.tasks:
-            raise ConfigError(f"tasks={','.join(self.tasks)}: choose one or more of {', '.join(TASKS)}")
+            raise ConfigError(f"tasks={','.join(self.tasks)}: choose one or more of {', '.join(TASKS)}, {RULER} "
+                              f"(all of RULER's tasks) or any of {', '.join(RULER_TASKS)}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 100:
+            raise ConfigError(f"threshold={self.threshold}: must be in [0, 100] (an average RULER score in percent)")
         if not self.lengths or min(self.lengths) < 1:
             raise ConfigError(f"lengths={list(self.lengths)}: need one or more context lengths >= 1 token")
         for key in ("tasks", "lengths", "depths"):
@@ -130,6 +140,11 @@ class Item:
     needle_at: int  # token index where the needle starts in the prompt
     answer: str
     candidates: list[list[int]] = field(repr=False)  # token ids; candidates[0] is the true answer
+
+    @property
+    def positions(self) -> int:
+        """Positions the item needs: its prompt and its longest candidate."""
+        return len(self.prompt) + max(len(c) for c in self.candidates)
 
 
 def _answers(rng: np.random.Generator, digits: int, count: int) -> list[str]:

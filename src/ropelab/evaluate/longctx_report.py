@@ -1,4 +1,5 @@
-"""Reports of the long-context evaluation: a markdown table, depth x length heatmaps, loss by position.
+"""Reports of the long-context evaluation: a markdown table (with the RULER section of
+`ropelab.evaluate.ruler_report`), depth x length heatmaps of passkey and needle, loss by position.
 
 Pure functions of the results dict built by `ropelab.evaluate.longctx.evaluate_longctx`; they need no
 model. `write_reports` writes every file under a temporary name and renames it into place, and
@@ -15,6 +16,8 @@ from typing import Optional
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.evaluate.ruler_report import ruler_markdown
+from ropelab.evaluate.ruler_tasks import RULER_TASKS
 from ropelab.files import write_atomically
 from ropelab.study.plots import new_figure, png_bytes
 
@@ -44,12 +47,19 @@ def by_length(task_result: dict, metric: str) -> dict[int, float]:
     return {length: float(np.mean(v)) for length, v in values.items()}
 
 
+def depth_tasks(settings: dict) -> list[str]:
+    """The tasks measured over lengths x depths (passkey, needle), not RULER's."""
+    return [task for task in settings["tasks"] if task not in RULER_TASKS]
+
+
 def results_markdown(results: dict) -> str:
     runs = results["runs"]
     settings = results["settings"]
     header = "| task | metric | length | " + " | ".join(r["label"] for r in runs) + " |"
-    lines = ["# Long-context evaluation", "", header, "|" + "---|" * (len(runs) + 3)]
-    for task in settings["tasks"]:
+    lines = ["# Long-context evaluation"]
+    if depth_tasks(settings):
+        lines += ["", header, "|" + "---|" * (len(runs) + 3)]
+    for task in depth_tasks(settings):
         for metric, name in METRICS:
             rows = [by_length(r["tasks"][task], metric) for r in runs]
             for length in settings["lengths"]:
@@ -65,25 +75,31 @@ def results_markdown(results: dict) -> str:
         for key, name in (("loss_within_train_len", "≤ training length"), ("loss_beyond_train_len", "> training length")):
             cells = ["–" if loss[key] is None else f"{loss[key]:.3f}" for loss in losses]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"{settings['items']} items per (length, depth) cell, depths {', '.join(f'{d:g}' for d in settings['depths'])}; "
-              f"rank among {settings['distractors'] + 1} answers of {settings['digits']} digits; seed {settings['seed']}."]
+    lines.append("")
+    if depth_tasks(settings):
+        lines.append(f"{settings['items']} items per (length, depth) cell, depths {', '.join(f'{d:g}' for d in settings['depths'])}; "
+                     f"rank among {settings['distractors'] + 1} answers of {settings['digits']} digits; seed {settings['seed']}.")
     for r in runs:
         fingerprints = ", ".join(f"{t} {v['items_fingerprint']}" for t, v in r["tasks"].items())
         loss = r.get("loss_by_position")
         windows = f"; loss windows {loss['single_document_windows']}/{loss['windows']} single-document" if loss else ""
         lines.append(f"- {r['label']} = {r['checkpoint']}: RoPE theta {r['rope_theta']:g}, {r['rotary_dims']}/{r['head_dim']} "
                      f"rotary dims, trained at {r['train_seq_len']} tokens; items {fingerprints}{windows}; {r['seconds']:.1f} s")
+    lines += ruler_markdown(results)
     return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ figures
 
 
-def plot_heatmaps(results: dict) -> bytes:
-    """A depth x length panel per run (rows) and task/metric (columns), values written in the cells."""
+def plot_heatmaps(results: dict) -> Optional[bytes]:
+    """A depth x length panel per run (rows) and passkey or needle task/metric (columns), values written
+    in the cells; None without those tasks."""
     settings, runs = results["settings"], results["runs"]
     lengths, depths = settings["lengths"], settings["depths"]
-    columns = [(task, metric) for task in settings["tasks"] for metric in HEATMAP_METRICS]
+    columns = [(task, metric) for task in depth_tasks(settings) for metric in HEATMAP_METRICS]
+    if not columns:
+        return None
     fig = new_figure(1.0 + 0.55 * len(lengths) * len(columns), 0.6 + (0.6 + 0.45 * len(depths)) * len(runs))
     axes = fig.subplots(len(runs), len(columns), squeeze=False, gridspec_kw={"hspace": 0.6})
     image = None

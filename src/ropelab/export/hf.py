@@ -36,7 +36,9 @@ from ropelab.export import remote_code
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
 from ropelab.sources import load, resolve
-from ropelab.sources.hf import hf_architecture, hf_model_class, to_hf
+from ropelab.sources.hf import to_hf
+from ropelab.sources.hf_archs import hf_model_class
+from ropelab.sources.hf_config_write import hf_architecture
 from ropelab.sources.runs import checkpoint_step
 from ropelab.sources.transformers_lib import require_transformers
 

@@ -11,13 +11,25 @@ builds ropelab's own `Transformer` and computes the same logits. ropelab itself 
 with its own classes (`ropelab.sources.exported`: `ropelab import`, `ropelab.load`, a teacher), so it
 needs no trust_remote_code and never runs the shipped files.
 
-One source of truth: the modules are not a second implementation but copies, made at export time, of
-the installed ``ropelab/rope.py``, ``attention.py`` and ``model.py`` (whole), and of the part of
-``ropelab/config.py`` they use (the definitions they import and everything those reference, found
-through the syntax tree: ``RopeConfig``, ``ModelConfig``, ``from_dict``, ...; the YAML and run-level
-code stay behind). ``from ropelab.X import`` lines become ``from .X import``. The copies sit flat
-next to ``modeling_ropelab.py`` (the transformers wrapper, `MODELING` below, itself written as a
-ropelab module and rewritten the same way):
+One source of truth: the modules are not a second implementation but whole copies, made at export
+time, of the installed ropelab modules that ``modeling_ropelab.py`` (the transformers wrapper,
+`MODELING_SOURCE` below, itself written as a ropelab module) imports, directly or through each other:
+``model.py``, ``attention.py``, ``layers.py``, ``errors.py``, the model's part of ``ropelab.config``
+(``config/model.py``, ``config/rope.py``, ``config/coerce.py``, ``config/checks.py``: no YAML, no
+run-level settings) and the rope modules ``RotaryEmbedding`` uses. They are found by following the
+``from ropelab.<module> import`` lines of each file (`shipped_modules`).
+
+Transformers loads remote code from one flat folder (a shipped file's relative imports must name
+files beside it), so each module is written flat next to ``modeling_ropelab.py``, named by its path
+in the package with dots as underscores (``ropelab.rope.embedding`` -> ``rope_embedding.py``,
+``ropelab.model`` -> ``model.py``), and every ``from ropelab.a.b import`` line becomes
+``from .a_b import``. A shipped module therefore imports each name from the module that defines it,
+never from a package's ``__init__`` (``from ropelab.config.model import ModelConfig``, not ``from
+ropelab.config import ModelConfig``): the export refuses one that does not, and ``import ropelab...``
+statements too. Modules imported by name at run time and not by an import statement (the Triton
+kernel, see `ropelab.rope.kernels.triton_kernels`) are not shipped: the exported model does without.
+
+The wrapper, ``modeling_ropelab.py``:
 
   RopelabConfig(PretrainedConfig)    model_type "ropelab"; ``ropelab`` holds the ModelConfig as a dict
                                      (the HF fields hidden_size, num_hidden_layers, ... are derived)
@@ -29,7 +41,10 @@ ropelab module and rewritten the same way):
                                      attention_mask with padding becomes ropelab document ids (a token
                                      sees only earlier unmasked tokens)
 
-  files_for_export()   {file name: text} of the shipped modules
+This module:
+
+  shipped_modules()    {file name: ropelab module} of the shipped modules
+  files_for_export()   {file name: text} of the shipped files, modeling_ropelab.py included
   write_remote_code(folder)
   to_remote_hf(model)  the wrapper holding `model`'s tensors (shared, not copied), eval mode, with
                        config.auto_map set; `save_pretrained` it, then `write_remote_code` the folder
@@ -57,8 +72,7 @@ AUTO_MAP = {
     "AutoConfig": f"{MODELING}.RopelabConfig",
     "AutoModelForCausalLM": f"{MODELING}.RopelabForCausalLM",
 }
-_PARTIAL = {"config"}  # ropelab modules copied in part (the definitions the others use)
-_FROM_ROPELAB = re.compile(r"^(\s*)from ropelab\.(\w+) import ", re.MULTILINE)
+_FROM_ROPELAB = re.compile(r"^(\s*)from ropelab\.([\w.]+) import ", re.MULTILINE)
 _ANY_ROPELAB_IMPORT = re.compile(r"^\s*(from\s+ropelab\b|import\s+ropelab\b)", re.MULTILINE)
 
 # The transformers wrapper, written as a module of the ropelab package (its imports are rewritten
@@ -79,7 +93,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ropelab.config import ModelConfig, from_dict
+from ropelab.config.coerce import from_dict
+from ropelab.config.model import ModelConfig
 from ropelab.model import Transformer
 
 _V4 = int(__import__("transformers").__version__.split(".")[0]) < 5
@@ -192,71 +207,49 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
 # ------------------------------------------------------------------ sources
 
 
-def _source(name: str) -> str:
-    spec = importlib.util.find_spec(f"ropelab.{name}")
+def _source(module: str) -> str:
+    spec = importlib.util.find_spec(f"ropelab.{module}")
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        raise RuntimeError(f"ropelab.{name}: no Python source to ship with the export")
+        raise RuntimeError(f"ropelab.{module}: no Python source to ship with the export")
+    if spec.submodule_search_locations is not None:
+        raise RuntimeError(f"ropelab.{module} is a package: a shipped module imports each name from the module "
+                           f"that defines it (e.g. ropelab.{module}.<module>), not from the package")
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
-def _ropelab_imports(source: str) -> dict[str, set[str]]:
-    """{ropelab module: names imported from it} for every `from ropelab.X import ...` in `source`."""
-    found: dict[str, set[str]] = {}
+def _ropelab_imports(source: str) -> set[str]:
+    """The ropelab modules (``rope.embedding`` for ``ropelab.rope.embedding``) that `source` imports from."""
+    found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ropelab."):
-            module = node.module[len("ropelab."):]
-            if "." in module:
-                raise RuntimeError(f"ropelab.{module}: only top-level ropelab modules can be shipped")
-            found.setdefault(module, set()).update(alias.name for alias in node.names)
+            found.add(node.module[len("ropelab."):])
         elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ropelab" for a in node.names):
             raise RuntimeError("`import ropelab...` cannot be shipped; use `from ropelab.X import name`")
     return found
 
 
-def _bound_names(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, ast.Assign):
-        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        return [node.target.id]
-    if isinstance(node, ast.Import):
-        return [a.asname or a.name.split(".")[0] for a in node.names]
-    if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-        return [a.asname or a.name for a in node.names]
-    return []
+def _flat_name(module: str) -> str:
+    """The shipped file's module name: its path in the package, dots as underscores."""
+    return module.replace(".", "_")
 
 
-def extract(source: str, names: set[str], origin: str = "module") -> str:
-    """The top-level statements of `source` that define `names`, and, transitively, every top-level
-    definition or import they reference, in their original order and text."""
-    tree = ast.parse(source)
-    lines = source.splitlines(keepends=True)
-    where = {name: i for i, node in enumerate(tree.body) for name in _bound_names(node)}
-    missing = sorted(n for n in names if n not in where)
-    if missing:
-        raise RuntimeError(f"{origin}: defines no {', '.join(missing)}")
-    keep, todo = set(), list(names)
-    while todo:
-        i = where.get(todo.pop())
-        if i is None or i in keep:  # a builtin, or already kept
-            continue
-        keep.add(i)
-        todo += [n.id for n in ast.walk(tree.body[i]) if isinstance(n, ast.Name)]
-    future = [i for i, node in enumerate(tree.body) if isinstance(node, ast.ImportFrom) and node.module == "__future__"]
-    text, previous = f'"""The parts of {origin} that the modules shipped with this export use."""\n', None
-    for i in sorted(keep | set(future)):
-        node = tree.body[i]
-        is_import = isinstance(node, (ast.Import, ast.ImportFrom))
-        text += "\n" if previous is None else "" if is_import and previous else "\n\n"
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        text += "".join(lines[start - 1 : node.end_lineno]).rstrip() + "\n"
-        previous = is_import
-    return text
+def shipped_modules() -> dict[str, str]:
+    """{file name: ropelab module, e.g. "rope_embedding.py": "rope.embedding"} of every module that
+    modeling_ropelab.py imports from, directly or through another shipped module."""
+    modules: set[str] = set()
+    pending = [MODELING_SOURCE]
+    while pending:
+        for module in _ropelab_imports(pending.pop()) - modules:
+            modules.add(module)
+            pending.append(_source(module))
+    files = {f"{_flat_name(module)}.py": module for module in sorted(modules)}
+    if len(files) != len(modules) or f"{MODELING}.py" in files:
+        raise RuntimeError(f"ropelab modules {sorted(modules)}: two would be shipped under one file name")
+    return files
 
 
 def _relative(text: str, name: str) -> str:
-    text = _FROM_ROPELAB.sub(r"\1from .\2 import ", text)
+    text = _FROM_ROPELAB.sub(lambda m: f"{m.group(1)}from .{_flat_name(m.group(2))} import ", text)
     if _ANY_ROPELAB_IMPORT.search(text):
         raise RuntimeError(f"{name}: an import of ropelab that cannot be rewritten as a relative import")
     return text
@@ -264,26 +257,12 @@ def _relative(text: str, name: str) -> str:
 
 def files_for_export() -> dict[str, str]:
     """{file name: text}: modeling_ropelab.py and the ropelab modules it needs, with relative imports."""
-    whole: dict[str, str] = {}
-    partial_names: dict[str, set[str]] = {name: set() for name in _PARTIAL}
-    partial: dict[str, str] = {}
-    pending = [_ropelab_imports(MODELING_SOURCE)]
-    while pending:  # to a fixed point: partial modules may import whole ones and the reverse
-        imports = pending.pop()
-        for module, names in imports.items():
-            if module in _PARTIAL:
-                if not names <= partial_names[module] or module not in partial:
-                    partial_names[module] |= names
-                    partial[module] = extract(_source(module), partial_names[module], f"ropelab/{module}.py")
-                    pending.append(_ropelab_imports(partial[module]))
-            elif module not in whole:
-                whole[module] = _source(module)
-                pending.append(_ropelab_imports(whole[module]))
     banner = "# Generated by ropelab {} from {} for trust_remote_code loading; do not edit.\n"
-    origin = "ropelab/evaluate/remote_code.py (MODELING_SOURCE)"
+    origin = "ropelab/export/remote_code.py (MODELING_SOURCE)"
     files = {f"{MODELING}.py": banner.format(__version__, origin) + MODELING_SOURCE}
-    for module, text in sorted((whole | partial).items()):
-        files[f"{module}.py"] = banner.format(__version__, f"ropelab/{module}.py") + text
+    for name, module in shipped_modules().items():
+        path = f"ropelab/{module.replace('.', '/')}.py"
+        files[name] = banner.format(__version__, path) + _source(module)
     return {name: _relative(text, name) for name, text in files.items()}
 
 
@@ -341,4 +320,4 @@ def to_remote_hf(model: Transformer):
     return hf_model.eval()
 
 
-__all__ = ["AUTO_MAP", "MODELING", "files_for_export", "write_remote_code", "to_remote_hf", "extract"]
+__all__ = ["AUTO_MAP", "MODELING", "files_for_export", "shipped_modules", "write_remote_code", "to_remote_hf"]

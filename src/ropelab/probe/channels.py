@@ -7,9 +7,9 @@ i + rotary_dims/2 and ``interleaved`` pairs 2i with 2i+1; pair i turns at freque
 ``inv_freq[i]`` (style decides those numbers). A weight row of W_q or W_k writes one channel of
 one head, so the same map assigns output rows to frequency pairs.
 
-A selected-pair plan (`ropelab.rope_pairs`) also moves pairs: each head's rotated channels hold
+A selected-pair plan (`ropelab.rope.pairs`) also moves pairs: each head's rotated channels hold
 the source pairs its KV group keeps and its pass-through channels the dropped ones, in the order
-`rope_pairs.channel_order` gives. Where every channel carries a pair of the full-head spectrum
+`ropelab.rope.pairs.channel_order` gives. Where every channel carries a pair of the full-head spectrum
 (a plan, or full RoPE) the *source pair* of each channel is known, so the rows of two such
 models correspond pair by pair even where their channels differ.
 """
@@ -24,7 +24,7 @@ import torch
 
 from ropelab.config import ModelConfig
 from ropelab.rope import inverse_frequencies, layer_frequencies
-from ropelab.rope_pairs import channel_order, kept_pairs
+from ropelab.rope.pairs import channel_order, kept_pairs
 
 UNROTATED = -1
 

@@ -7,7 +7,7 @@ see `ropelab.probe.channels`) and its unrotated channels. For every such span th
 norm of the same rows. Aggregates (per head, per pair over all heads, per layer) are the same
 ratio over the union of their rows. Biases are left out.
 
-Where a layer holds a selected-pair plan in either checkpoint (`ropelab.rope_pairs`), its
+Where a layer holds a selected-pair plan in either checkpoint (`ropelab.rope.pairs`), its
 channels carry permuted *source pairs* (see `ropelab.probe.channels`): the rows of source pair i
 in A are compared with the rows of source pair i in B, so a full-RoPE source and its conversion
 (or two checkpoints of one plan) line up pair by pair. Such a layer is reported per head and

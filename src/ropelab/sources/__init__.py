@@ -17,15 +17,15 @@ ropelab's own exports need no such permission: they are read with ropelab's clas
   run_config(base, preset, overrides) a run config; with `train.init_from`, the source's model
                                      settings and tokenizer are the defaults (`ropelab.sources.init`)
 
-Submodules: runs (the run-directory layout), locate (kinds of source), loading (load, load_config),
-hf (the weight adapter), hf_models (loading with transformers), exported (folders ropelab exported with
-its own modeling code), gguf (GGUF files and built-in names), imported (import folders), init (runs
-that start from a source's weights).
+Submodules: runs (the run-directory layout), locate (kinds of source, decided once), loading (one
+loader per kind: load, load_config, import_model), hf (the weight adapter; hf_archs, hf_config_read and
+hf_config_write: the architectures and their configs), hf_models (loading with transformers), exported
+(folders ropelab exported with its own modeling code), gguf_files (built-in names and GGUF files), gguf
+(reading GGUF files), imported (import folders), init (runs that start from a source's weights).
 """
 
-from ropelab.sources.imported import import_model
 from ropelab.sources.init import check_init, initial_weights, run_config
-from ropelab.sources.loading import Loaded, cached_import, load, load_config
+from ropelab.sources.loading import Loaded, cached_import, import_model, load, load_config
 from ropelab.sources.locate import Source, resolve
 
 __all__ = ["Loaded", "Source", "resolve", "load", "load_config", "import_model", "cached_import", "run_config",

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ropelab.data.loader import Batch, PackedLoader
 from ropelab.model import Transformer
-from ropelab.rope_pairs import pair_norms, pair_scores
+from ropelab.rope.pairs import pair_norms, pair_scores
 
 
 def calibration_batches(loader: PackedLoader, tokens: int, micro_batch: int) -> Iterator[Batch]:

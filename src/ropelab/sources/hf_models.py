@@ -2,10 +2,10 @@
 
   load_hf_model(source, dtype)   the transformers causal LM itself (a teacher may run it natively)
   hf_text_config(source)         its configuration, without weights
+  hf_tokenizer(source)           the tokenizer of an `hf` source, or of a folder ropelab exported
+  tokenizer_spec(source, vocab)  (data.tokenizer for a run of its model, what happened to the tokenizer)
   convert(source)                -> `Converted`: the ropelab Transformer computing the same logits
-                                 (`ropelab.sources.hf.from_hf`), with the tokenizer it reads; for a
-                                 folder ropelab exported with its own code, that model read directly
-                                 (`ropelab.sources.exported`)
+                                 (`ropelab.sources.hf.from_hf`), with the tokenizer it reads
 
 Every transformers call passes `trust_remote_code` explicitly: the Source's, False unless the user
 asked for it, so Python files shipped with a model, its config or its tokenizer never run unasked
@@ -29,8 +29,8 @@ from ropelab.config import ConfigError
 from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer, load_hf_tokenizer
 from ropelab.errors import load_failure, one_line
 from ropelab.model import Transformer
-from ropelab.sources import gguf
-from ropelab.sources.exported import load_export
+from ropelab.sources.gguf import load_gguf
+from ropelab.sources.gguf_files import BUILTIN_SOURCES
 from ropelab.sources.hf import from_hf
 from ropelab.sources.locate import Source
 from ropelab.sources.transformers_lib import dtype_kwargs, require_transformers
@@ -58,7 +58,7 @@ def load_hf_model(source: Source, dtype: torch.dtype = torch.float32):
     when it cannot be loaded."""
     _expect(source, "hf", "gguf")
     if source.kind == "gguf":
-        return gguf.load_gguf(source.location, dtype)[0]
+        return load_gguf(source.location, dtype)[0]
     transformers = require_transformers("loading Hugging Face models")
     if not Path(source.location).exists():
         hub.offline_unless_reachable()
@@ -97,7 +97,7 @@ def hf_tokenizer(source: Source) -> HFTokenizer:
     return load_hf_tokenizer(str(path.resolve()) if path.exists() else source.location, source.trust_remote_code)
 
 
-def _tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
+def tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
     """(data.tokenizer for a run of an `hf` or `export` source's model, what happened)."""
     if not has_tokenizer_files(source):
         why = "no tokenizer files"
@@ -117,29 +117,27 @@ def _tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
 
 
 def convert(source: Source) -> Converted:
-    """The ropelab model of an `hf`, `export` or `gguf` source, with what a run of it needs to read its tokens."""
-    _expect(source, "hf", "export", "gguf")
-    if source.kind == "export":
-        model = load_export(source.location)
-        return Converted(model, "RopelabForCausalLM", *_tokenizer_spec(source, model.config.vocab_size))
-    transformers = require_transformers("converting Hugging Face and GGUF models")
+    """The ropelab model of an `hf` or `gguf` source, with what a run of it needs to read its tokens."""
+    _expect(source, "hf", "gguf")
     if source.kind == "gguf":
-        hf_model, hf_tok = gguf.load_gguf(source.location, torch.float32)
+        hf_model, hf_tok = load_gguf(source.location, torch.float32)
         tokenizer = HFTokenizer(hf_tok.backend_tokenizer, source.name, eos=hf_tok.eos_token)
     else:
         hf_model, tokenizer = load_hf_model(source, torch.float32), None
+    transformers = require_transformers("converting Hugging Face and GGUF models")  # its version, for import.json
     try:
         model = from_hf(hf_model).float().eval()
     except ValueError as exc:
         raise ConfigError(f"{source.name}: no exact ropelab equivalent: {exc}") from None
     architecture = type(hf_model).__name__
     del hf_model
-    model.config.name = source.name if source.kind == "hf" or source.name in gguf.BUILTIN_SOURCES else Path(source.location).stem
+    model.config.name = source.name if source.kind == "hf" or source.name in BUILTIN_SOURCES else Path(source.location).stem
     if tokenizer is not None:
         spec, note = source.name, f"saved from the GGUF file ({tokenizer.vocab_size} tokens)"
     else:
-        spec, note = _tokenizer_spec(source, model.config.vocab_size)
+        spec, note = tokenizer_spec(source, model.config.vocab_size)
     return Converted(model, architecture, spec, note, tokenizer, transformers.__version__)
 
 
-__all__ = ["Converted", "convert", "load_hf_model", "hf_text_config", "hf_tokenizer", "has_tokenizer_files"]
+__all__ = ["Converted", "convert", "load_hf_model", "hf_text_config", "hf_tokenizer", "has_tokenizer_files",
+           "tokenizer_spec"]

@@ -1,12 +1,13 @@
-"""Folders written by `ropelab import`: another framework's model as a ropelab run directory.
+"""Folders written by `ropelab import` (`ropelab.sources.loading.import_model`): another framework's
+model as a ropelab run directory: config.yaml, a step-0 checkpoint, import.json (where the weights
+came from) and, for GGUF, the model's tokenizer.json; every command then takes the folder.
 
-  import_model(source, out_dir)   a Hugging Face folder or hub name (one ropelab exported too), or a
-                                  GGUF file (or a built-in name such as ``smollm2-135m``) -> `out_dir`:
-                                  config.yaml, a step-0 checkpoint, import.json (where the weights came
-                                  from) and, for GGUF, the model's tokenizer.json; every command then
-                                  takes `out_dir`
-  write_imported(model, ...)      the same folder for a model already in memory
+  write_converted(converted, out_dir, source, kind)
+                                  the folder of a model converted from a source
+  write_imported(model, ...)      the same folder for any model in memory, with its own record
   save_weights_only(...)          a complete checkpoint of weights with a fresh optimizer
+  converted_run_config(model, tokenizer_spec)
+                                  the run configuration such a folder holds
 
 The folder is built under a temporary name and renamed into place when complete
 (`ropelab.files.new_folder`), so a failure never leaves half of one.
@@ -20,12 +21,11 @@ from typing import Optional
 
 import yaml
 
-from ropelab.config import ConfigError, DataConfig, ModelConfig, RunConfig, build_run_config
+from ropelab.config import DataConfig, ModelConfig, RunConfig, build_run_config
 from ropelab.data.tokenizer import HFTokenizer
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
-from ropelab.sources import hf_models
-from ropelab.sources.locate import resolve
+from ropelab.sources.hf_models import Converted
 from ropelab.sources.runs import CONFIG, IMPORT
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.optim import build_optimizer
@@ -68,22 +68,12 @@ def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str,
     return out / "checkpoints" / ckpt.step_dir(out, 0).name
 
 
-def import_model(source: str, out_dir: str | Path, trust_remote_code: bool = False) -> dict:
-    """Convert a Llama/Qwen2/Qwen3/GPT-NeoX causal LM (hub name, HF folder, GGUF file or built-in name),
-    or a folder ropelab exported with its own modeling code, into a ropelab folder `out_dir` that every
-    command reads. `trust_remote_code` lets transformers run code shipped with an HF model.
-
-    Returns a summary: out_dir, source, architecture, checkpoint, params, tokenizer. Raises ConfigError
-    (one line) when the model cannot be loaded or has no exact ropelab equivalent; nothing is written then."""
-    out = refuse_existing(out_dir)
-    found = resolve(source, trust_remote_code)
-    if found.kind not in ("hf", "export", "gguf"):
-        raise ConfigError(f"{source}: already a ropelab {found.kind}; nothing to import (every command takes it as it is)")
-    converted = hf_models.convert(found)
-    record = {"source": found.location, "kind": found.kind, "architecture": converted.architecture,
+def write_converted(converted: Converted, out_dir: str | Path, source: str, kind: str) -> Path:
+    """`write_imported` of a model converted from `source` (its location, of kind `kind`), import.json
+    saying where the weights came from. Returns the checkpoint folder."""
+    record = {"source": source, "kind": kind, "architecture": converted.architecture,
               "transformers": converted.transformers_version, "tokenizer": converted.tokenizer_note}
-    folder = write_imported(converted.model, out, converted.tokenizer_spec, record, converted.tokenizer)
-    return {
-        "out_dir": str(out), "source": source, "architecture": converted.architecture,
-        "checkpoint": str(folder), "params": converted.model.num_params(), "tokenizer": converted.tokenizer_note,
-    }
+    return write_imported(converted.model, out_dir, converted.tokenizer_spec, record, converted.tokenizer)
+
+
+__all__ = ["TOKENIZER", "save_weights_only", "converted_run_config", "write_imported", "write_converted"]

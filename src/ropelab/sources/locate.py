@@ -7,9 +7,10 @@
     export      a Hugging Face folder ropelab exported with its own modeling code (`ropelab.sources.exported`):
                 read with ropelab's classes, its Python files never run
     hf          a Hugging Face model folder (config.json, no config.yaml), or a hub name ``org/model``
-    gguf        a local ``.gguf`` file, or a built-in name such as ``smollm2-135m`` (`ropelab.sources.gguf`)
+    gguf        a local ``.gguf`` file, or a built-in name such as ``smollm2-135m`` (`ropelab.sources.gguf_files`)
 
-A name that is spelled like a path but does not exist is a one-line ConfigError, never a hub lookup.
+The kind is decided here once; `ropelab.sources.loading` then has one loader per kind. A name that is
+spelled like a path but does not exist is a one-line ConfigError, never a hub lookup.
 A Source carries `trust_remote_code`: whether transformers may run Python code shipped with an `hf`
 model or its tokenizer (False unless the user said so).
 """
@@ -21,9 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from ropelab.config import ConfigError
-from ropelab.sources import gguf
 from ropelab.sources.exported import is_ropelab_export
+from ropelab.sources.gguf_files import BUILTIN_SOURCES, builtin_gguf, is_gguf
 from ropelab.sources.runs import is_checkpoint_folder, is_hf_folder, is_run_dir, resolve_checkpoint
 
 Kind = Literal["run", "checkpoint", "export", "hf", "gguf"]
@@ -57,17 +57,17 @@ def resolve(name: str | Path | Source, trust_remote_code: bool = False) -> Sourc
     if isinstance(name, Source):
         return replace(name, trust_remote_code=True) if trust_remote_code else name
     name = str(name)
-    if name in gguf.BUILTIN_SOURCES:
-        return Source(name, "gguf", str(gguf.builtin_gguf(name)))
+    if name in BUILTIN_SOURCES:
+        return Source(name, "gguf", str(builtin_gguf(name)))
     path = Path(name).expanduser()
-    if path.is_file() and gguf.is_gguf(path):
+    if path.is_file() and is_gguf(path):
         return Source(name, "gguf", str(path.resolve()))
     if is_run_dir(path) or is_checkpoint_folder(path):
         run_dir, folder = resolve_checkpoint(path)
         return Source(name, "run" if is_run_dir(path) else "checkpoint", str(path), run_dir, folder)
-    if is_ropelab_export(path):
-        return Source(name, "export", str(path))
-    if is_hf_folder(path):
+    if is_hf_folder(path):  # a folder ropelab exported is one too
+        if is_ropelab_export(path):
+            return Source(name, "export", str(path))
         return Source(name, "hf", str(path), trust_remote_code=trust_remote_code)
     if is_local_path(name):
         resolve_checkpoint(path)  # raises the one-line error that says what a source can be

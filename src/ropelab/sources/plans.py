@@ -25,7 +25,7 @@ import torch
 
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RopeConfig
 from ropelab.model import Transformer
-from ropelab.rope_pairs import channel_order, head_rows, kept_pairs, top_pairs
+from ropelab.rope.pairs import channel_order, head_rows, kept_pairs, top_pairs
 
 # Per layer, per KV head: the kept pair indices, in the order they take the rotated channels.
 Plans = list[list[list[int]]]

@@ -1,5 +1,5 @@
 """Has a run converged? For a run without a frontier, the slope of its validation loss per doubling of
-tokens over the last quarter of its tokens (`ropelab.study.fit.tail_slope`): a run whose loss still
+tokens over the last quarter of its tokens (`ropelab.study.fit_checks.tail_slope`): a run whose loss still
 falls by more than twice the slope's standard error is "still falling", and a verdict read from it
 speaks of an unfinished curve.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ropelab.config import ConfigError
-from ropelab.study.fit import TailSlope, tail_slope
+from ropelab.study.fit_checks import TailSlope, tail_slope
 from ropelab.study.frontier import read_frontier_record
 from ropelab.study.section import Section, html_table, markdown_table
-from ropelab.study.summary import collect_runs
+from ropelab.study.run_folders import collect_runs
 
 
 def tail_slopes(study_dir: str | Path) -> dict[str, TailSlope]:

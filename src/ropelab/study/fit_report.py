@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.study.fit import (DEFAULT_BUDGETS, DEFAULT_RESAMPLES, MIN_BUDGETS, Gap, Point, VariantFit,
-                               check_points, fit_gaps, fit_variants, held_out_checks)
+from ropelab.study.bootstrap import DEFAULT_RESAMPLES
+from ropelab.study.fit import MIN_BUDGETS, Point, check_points
+from ropelab.study.fit_checks import held_out_checks
+from ropelab.study.variant_fits import DEFAULT_BUDGETS, Gap, VariantFit, fit_gaps, fit_variants
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.section import Section, html_table, markdown_table
 

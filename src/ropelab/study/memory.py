@@ -10,7 +10,7 @@ Across N GPUs a cache is either replicated (every GPU holds all positions) or sh
 sequence (each GPU holds seq_len / N positions).
 
 Besides fractions (and ``2ch``, two channels), an entry ``pairs:R`` is a selected-pair plan
-(`ropelab.rope_pairs`) keeping R of the head_dim/2 frequency pairs of every KV head, the same
+(`ropelab.rope.pairs`) keeping R of the head_dim/2 frequency pairs of every KV head, the same
 pairs in every KV head: its kept pairs sit in the first 2R channels, so it holds what partial
 RoPE with rotary_dims 2R holds, a table of (seq_len, R) cos and sin (one per distinct layer plan;
 a plan equal in every layer, as ``select: high|low|uniform`` gives, holds one). A plan whose KV

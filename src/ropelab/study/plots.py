@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from ropelab.study import analysis
-from ropelab.study.summary import Run, _replicated
+from ropelab.study.run_folders import Run
+from ropelab.study.summary import replicated_fractions
 
 __all__ = ["BAND_CMAPS", "ZOOM_FRACTION", "plot_loss_curves", "plot_final_loss"]
 
@@ -87,7 +88,7 @@ def plot_loss_curves(rows: list[dict], runs: list[Run]) -> bytes:
     for g, group in enumerate(groups):
         ax_full, ax_zoom = axes[g]
         members = [row for row in rows if row["group"] == group and len(by_id[row["id"]].losses)]
-        replicated = _replicated(members)
+        replicated = replicated_fractions(members)
         t_max, zoom_vals, full_vals = 0.0, [], []
         curves = []
         for row in members:

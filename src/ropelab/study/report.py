@@ -3,8 +3,8 @@
 Written by `write_report` (into `study_dir` unless `out_dir` is given): summary.csv,
 summary.json, loss_curves.png, final_loss.png, report.md and a self-contained report.html.
 
-Reading the runs and the per-run summary live in `ropelab.study.summary`, the figures in
-`ropelab.study.plots`. Command line: ``ropelab report STUDY_DIR``.
+Reading the runs lives in `ropelab.study.run_folders`, the per-run summary in `ropelab.study.summary`,
+the figures in `ropelab.study.plots`. Command line: ``ropelab report STUDY_DIR``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import numpy as np
 
 from ropelab.config import ConfigError
 from ropelab.study.plots import BAND_CMAPS, plot_final_loss, plot_loss_curves
+from ropelab.study.run_folders import collect_runs
 from ropelab.study.sections import Section, report_sections
-from ropelab.study.summary import COLUMNS, collect_runs, findings, summarize
+from ropelab.study.summary import COLUMNS, findings, summarize
 
 __all__ = ["write_report", "render_markdown", "render_html"]
 

@@ -1,47 +1,27 @@
-"""Study summary: read every run of a study and reduce it to one row per run, plus the findings.
+"""Study summary: every run of a study (`ropelab.study.run_folders`) reduced to one row per run,
+plus the findings stated from those rows.
 
-Layout read::
-
-    study_dir/runs/<run_id>/config.yaml     resolved run config (see `ropelab.config.RunConfig`)
-    study_dir/runs/<run_id>/metrics.jsonl   one row per logged step (`ropelab.train.loop`)
-    study_dir/runs/<run_id>/result.json     present when the run finished
-    study_dir/runs/<run_id>/error.txt       present when the run failed (its text is the error)
-
-Runs are compared inside *comparison groups*: runs whose configs are equal once the seed, the
-RoPE fraction / rotary_dims and bookkeeping keys (device, progress, eval / checkpoint cadence)
-are removed. Convergence bands and the steps-to-target reference (full RoPE's final loss) are
-computed per group; the noise that sets the band threshold is pooled over the whole study.
+Runs are compared inside their comparison groups (`ropelab.study.run_facts`). Convergence bands and
+the steps-to-target reference (full RoPE's final loss) are computed per group; the noise that sets
+the band threshold is pooled over the whole study.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
-import yaml
 
-from ropelab.config import DataConfig, ModelConfig, TrainConfig, build_run_config, resolve_rotary_dims
 from ropelab.study import analysis
+from ropelab.study.run_facts import (BOOKKEEPING, ROPE_AMOUNT, comparison_key, finite_or_none, group_labels,
+                                     normalized_config, run_facts)
+from ropelab.study.run_folders import Run
 
-__all__ = [
-    "Run", "collect_runs", "read_metrics_tolerant", "summarize", "findings", "fraction_label", "COLUMNS",
-    "TAIL_FRACTION", "BAND_FACTOR", "BOOKKEEPING", "ROPE_AMOUNT",
-]
+__all__ = ["summarize", "findings", "replicated_fractions", "COLUMNS", "TAIL_FRACTION", "BAND_FACTOR"]
 
 TAIL_FRACTION = 0.1  # final loss = mean over the last 10 % of steps
 BAND_FACTOR = 3.0  # a new band starts where consecutive final losses differ by > 3 x noise
-
-# Keys that never change what a run learns; ignored when grouping runs.
-BOOKKEEPING = {
-    "seed", "train.device", "train.progress", "train.compile", "train.eval_every", "train.eval_batches",
-    "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
-    "model.vocab_size",  # follows the tokenizer (data.tokenizer), filled in at train time
-}
-ROPE_AMOUNT = {"model.rope.fraction", "model.rope.rotary_dims"}
 
 COLUMNS = [
     "id", "status", "group", "block", "fraction", "fraction_label", "rotary_dims", "head_dim", "seq_len",
@@ -51,205 +31,7 @@ COLUMNS = [
 ]
 
 
-# ------------------------------------------------------------------------------ reading
-
-
-@dataclass
-class Run:
-    """One run directory as read from disk.
-
-    status: ``done`` (result.json), ``failed`` (error.txt), ``incomplete`` (neither: still
-    running or killed) or ``invalid`` (no readable config.yaml)."""
-
-    id: str
-    path: Path
-    status: str
-    config: dict = field(default_factory=dict)
-    metrics: list = field(default_factory=list)
-    result: Optional[dict] = None
-    error: Optional[str] = None
-
-    def _column(self, key: str, rows: list) -> np.ndarray:
-        return np.array([float(r.get(key, math.nan)) if r.get(key) is not None else math.nan for r in rows])
-
-    @property
-    def train_rows(self) -> list:
-        return [r for r in self.metrics if "loss" in r]
-
-    @property
-    def steps(self) -> np.ndarray:
-        return np.array([int(r["step"]) for r in self.train_rows], dtype=np.int64)
-
-    @property
-    def losses(self) -> np.ndarray:
-        return self._column("loss", self.train_rows)
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self._column("tokens", self.train_rows)
-
-    @property
-    def val(self) -> tuple[np.ndarray, np.ndarray]:
-        rows = [r for r in self.metrics if r.get("val_loss") is not None]
-        return np.array([int(r["step"]) for r in rows], dtype=np.int64), self._column("val_loss", rows)
-
-
-def read_metrics_tolerant(path: Path) -> list[dict]:
-    """metrics.jsonl rows, sorted by step; unreadable lines (a crash mid-write) are skipped and
-    a step logged twice keeps its last row."""
-    if not path.is_file():
-        return []
-    by_step: dict[int, dict] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
-            by_step[int(row["step"])] = row
-    return [by_step[k] for k in sorted(by_step)]
-
-
-def collect_runs(study_dir: str | Path) -> list[Run]:
-    """Every run directory under ``study_dir/runs/``, sorted by name."""
-    runs_dir = Path(study_dir) / "runs"
-    if not runs_dir.is_dir():
-        raise FileNotFoundError(f"{runs_dir}: no runs folder; expected {Path(study_dir)}/runs/<run_id>/")
-    runs = []
-    for path in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
-        run = Run(id=path.name, path=path, status="incomplete")
-        cfg_path = path / "config.yaml"
-        try:
-            run.config = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
-            if not isinstance(run.config, dict):
-                raise yaml.YAMLError("top level is not a mapping")
-        except (yaml.YAMLError, OSError) as exc:
-            run.config, run.status, run.error = {}, "invalid", f"config.yaml unreadable: {exc}".splitlines()[0]
-        run.metrics = read_metrics_tolerant(path / "metrics.jsonl")
-        result_path = path / "result.json"
-        if result_path.is_file():
-            try:
-                run.result = json.loads(result_path.read_text())
-            except json.JSONDecodeError:
-                run.result = None
-        error_path = path / "error.txt"
-        # a result.json outweighs an error.txt: another attempt (a concurrent run, a re-run) finished the run
-        if error_path.is_file() and run.result is None:
-            run.status = "failed"
-            run.error = error_path.read_text(errors="replace").strip() or "error.txt (empty)"
-        elif run.status != "invalid":
-            if not cfg_path.is_file():
-                run.status, run.error = "invalid", "no config.yaml"
-            elif run.result is not None:
-                run.status = "done"
-        runs.append(run)
-    return runs
-
-
 # ---------------------------------------------------------------------------- summary
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-        return out
-    return {prefix: tree}
-
-
-def _key(config: dict, drop: set) -> str:
-    flat = {k: v for k, v in _flatten(config).items() if k not in drop}
-    return json.dumps(flat, sort_keys=True, default=str)
-
-
-def _normalized(config: dict) -> dict:
-    """The config with every default filled in (as training resolved it), so a partial and a
-    complete config of the same run compare equal; the raw config when it does not load."""
-    import copy
-
-    try:
-        return build_run_config(copy.deepcopy(config)).to_dict()
-    except Exception:  # an older / newer config layout: compare what is there
-        return config
-
-
-def _get(config: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or node.get(part) is None:
-            return default
-        node = node[part]
-    return node
-
-
-_MODEL, _DATA, _TRAIN = ModelConfig(), DataConfig(), TrainConfig()
-
-
-def fraction_label(rotary_dims: int, head_dim: int, nominal: Optional[float] = None) -> str:
-    """Short name of a RoPE amount: ``NoPE``, ``2 ch``, ``25%`` (the nominal fraction when known),
-    ``full``."""
-    if rotary_dims == 0:
-        return "NoPE"
-    if rotary_dims >= head_dim:
-        return "full"
-    if rotary_dims == 2:
-        return "2 ch"
-    if nominal is not None and 0 < nominal < 1:
-        return f"{100 * nominal:g}%"
-    return f"{100 * rotary_dims / head_dim:.3g}%"
-
-
-def _finite(x: Any) -> Optional[float]:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _run_facts(cfg: dict) -> dict:
-    d_model = int(_get(cfg, "model.d_model", _MODEL.d_model))
-    n_head = int(_get(cfg, "model.n_head", _MODEL.n_head))
-    head_dim = int(_get(cfg, "model.head_dim", None) or d_model // n_head)
-    nominal = float(_get(cfg, "model.rope.fraction", 1.0))
-    explicit = _get(cfg, "model.rope.rotary_dims", None)
-    rotary_dims = resolve_rotary_dims(head_dim, nominal, explicit)
-    return {
-        "block": _get(cfg, "model.block", _MODEL.block),
-        "model": _get(cfg, "model.name", _MODEL.name),
-        "qk_norm": bool(_get(cfg, "model.qk_norm", _MODEL.qk_norm)),
-        "head_dim": head_dim,
-        "rotary_dims": rotary_dims,
-        "fraction": rotary_dims / head_dim,
-        "nominal_fraction": nominal if explicit is None else rotary_dims / head_dim,
-        "fraction_label": fraction_label(rotary_dims, head_dim, nominal if explicit is None else None),
-        "seq_len": int(_get(cfg, "data.seq_len", _DATA.seq_len)),
-        "dataset": str(_get(cfg, "data.corpus", _DATA.corpus)),
-        "seed": _get(cfg, "seed", 0),
-        "lr": _finite(_get(cfg, "train.lr", _TRAIN.lr)),
-    }
-
-
-def _group_labels(keys: dict[str, str]) -> dict[str, str]:
-    """Readable name for each comparison-group key: the config values that differ between groups."""
-    unique = list(dict.fromkeys(keys.values()))
-    if len(unique) == 1:
-        return {unique[0]: "all"}
-    flats = {k: json.loads(k) for k in unique}
-    names = sorted(set().union(*flats.values()))
-    varying = [n for n in names if len({json.dumps(f.get(n), default=str) for f in flats.values()}) > 1]
-    preferred = ["model.block", "data.seq_len", "data.corpus", "model.qk_norm", "train.lr"]
-    varying.sort(key=lambda n: (preferred.index(n) if n in preferred else len(preferred), n))
-    short = {"data.corpus": "dataset"}
-    labels = {}
-    for k, flat in flats.items():
-        parts = [f"{short.get(n, n.split('.')[-1])}={flat.get(n, '-')}" for n in varying[:4]]
-        labels[k] = ", ".join(parts) + (", ..." if len(varying) > 4 else "")
-    return labels
 
 
 def _spike_kwargs(n: int) -> dict:
@@ -277,11 +59,11 @@ def summarize(
     private key ``_study``, which `write_report` uses and the CSV omits.
     """
     valid = [r for r in runs if r.status != "invalid"]
-    configs = {r.id: _normalized(r.config) for r in valid}
-    facts = {r.id: _run_facts(configs[r.id]) for r in valid}
-    group_key = {r.id: _key(configs[r.id], BOOKKEEPING | ROPE_AMOUNT) for r in valid}
-    seed_key = {r.id: _key(configs[r.id], BOOKKEEPING) for r in valid}
-    labels = _group_labels(group_key) if valid else {}
+    configs = {r.id: normalized_config(r.config) for r in valid}
+    facts = {r.id: run_facts(configs[r.id]) for r in valid}
+    group_key = {r.id: comparison_key(configs[r.id], BOOKKEEPING | ROPE_AMOUNT) for r in valid}
+    seed_key = {r.id: comparison_key(configs[r.id], BOOKKEEPING) for r in valid}
+    labels = group_labels(group_key) if valid else {}
     for r in runs:
         if r.status == "invalid":
             facts[r.id], group_key[r.id] = {}, ""
@@ -313,14 +95,14 @@ def summarize(
         spikes = analysis.detect_spikes(steps, losses, **_spike_kwargs(len(losses))) if len(losses) else []
         res = r.result or {}
         val_steps, val_losses = r.val
-        final_val = _finite(res.get("final_val_loss"))
+        final_val = finite_or_none(res.get("final_val_loss"))
         if final_val is None and len(val_losses):
-            final_val = _finite(val_losses[-1])
+            final_val = finite_or_none(val_losses[-1])
         tgt = targets.get(group_key[r.id])
         stt = analysis.steps_to_target(steps, losses, tgt) if tgt is not None and len(losses) else None
         tok_to = None
         if stt is not None:
-            tok_to = _finite(tokens[int(np.searchsorted(steps, stt))])
+            tok_to = finite_or_none(tokens[int(np.searchsorted(steps, stt))])
         last = r.metrics[-1] if r.metrics else {}
         rows.append({
             "id": r.id,
@@ -336,15 +118,15 @@ def summarize(
             "seed": f.get("seed"),
             "lr": f.get("lr"),
             "steps": int(res.get("steps") or (steps[-1] if len(steps) else 0)),
-            "final_train_loss": _finite(finals[r.id]),
+            "final_train_loss": finite_or_none(finals[r.id]),
             "final_val_loss": final_val,
             "band": bands.get(r.id),
             "spikes": len(spikes),
             "unrecovered_spikes": sum(not s.recovered for s in spikes),
             "tokens": int(res.get("tokens") or last.get("tokens") or 0),
-            "wall_time_s": _finite(res.get("wall_time_s")),
-            "tokens_per_s": _finite(res.get("tokens_per_s"))
-            or _finite(np.nanmedian([x.get("tokens_per_s", math.nan) for x in r.metrics]) if r.metrics else None),
+            "wall_time_s": finite_or_none(res.get("wall_time_s")),
+            "tokens_per_s": finite_or_none(res.get("tokens_per_s"))
+            or finite_or_none(np.nanmedian([x.get("tokens_per_s", math.nan) for x in r.metrics]) if r.metrics else None),
             "target_loss": tgt,
             "steps_to_target": stt,
             "tokens_to_target": tok_to,
@@ -353,7 +135,7 @@ def summarize(
             "nominal_fraction": f.get("nominal_fraction"),
             "error": r.error,
             "spike_list": [s.to_dict() for s in spikes],
-            "_study": {"noise": _finite(noise), "noise_source": source, "band_factor": band_factor,
+            "_study": {"noise": finite_or_none(noise), "noise_source": source, "band_factor": band_factor,
                        "seed_groups": sum(len(g) >= 2 for g in seed_groups.values()),
                        "tail_fraction": tail_fraction, "target": target},
         })
@@ -363,11 +145,10 @@ def summarize(
     return rows
 
 
-
 # ---------------------------------------------------------------------------- findings
 
 
-def _replicated(rows: list[dict]) -> set:
+def replicated_fractions(rows: list[dict]) -> set:
     """Fractions that have more than one run (seed replicas) among `rows`."""
     seen: dict = {}
     for r in rows:
@@ -416,7 +197,7 @@ def findings(rows: list[dict]) -> list[str]:
         if not members:
             out.append(f"{where}no finished run to compare.")
             continue
-        replicated = _replicated(members)
+        replicated = replicated_fractions(members)
         n_bands = max(r["band"] for r in members) + 1
         desc = []
         for b in range(n_bands):

@@ -5,18 +5,17 @@ steps skipped before they touch the weights.
 
 What a run directory holds is `ropelab.sources.runs`. The loss is an objective
 (`ropelab.train.objectives`): cross-entropy, or one a feature registered for its config section
-(distillation); anything else outside the loop plugs in as a callback.
+(distillation); anything else outside the loop plugs in as a callback. Around the loop: where a
+resume starts (`ropelab.train.resume`), the validation loss (`ropelab.train.validation`), which
+steps are skipped (`ropelab.train.skip_guard`), and the one-line stops (`ropelab.train.interrupted`).
 """
 
 from __future__ import annotations
 
 import copy
-import errno
 import math
-import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -27,31 +26,34 @@ from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
-from ropelab.errors import TrainingDiverged, WriteFailed, one_line
+from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer, model_summary
-from ropelab.precision import matmul_dtype, mixed_precision
+from ropelab.precision import matmul_dtype
 from ropelab.sources.init import check_init, initial_weights
 from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.autocast import autocast, uses_bf16
 from ropelab.train.branch import BranchPoint, branch_point
-from ropelab.train.run_folder import check_new_run_folder
-from ropelab.train.lock import RunLock
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
 )
-from ropelab.train.metrics import MetricsLog, read_metrics
+from ropelab.train.interrupted import is_storage_error, stopped_by_signal, write_failed
+from ropelab.train.lock import RunLock
+from ropelab.train.metrics import MetricsLog
 from ropelab.train.objectives import Objective, build_objective
 from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
-from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases
-from ropelab.train.stop import StoppedBySignal, StopSignals, signal_name
+from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases, tokens_seen
+from ropelab.train.progress import model_status, progress_bar, step_status
+from ropelab.train.resume import check_resume_world, resume_checkpoint
+from ropelab.train.run_folder import check_new_run_folder
+from ropelab.train.skip_guard import SkipGuard
+from ropelab.train.stop import StopSignals
 from ropelab.train.throughput import Throughput
+from ropelab.train.validation import evaluate_loss
 
 Callback = Callable[[dict], None]
-# A full disk or quota, a read-only or failing file system: the run stops in one line, and what was
-# written before (checkpoints are renamed into place only when complete) stays as it was.
-_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
-__all__ = ["train", "TrainResult", "TrainingDiverged", "evaluate_loss", "read_metrics"]
+__all__ = ["train", "TrainResult"]
 
 
 @dataclass
@@ -70,105 +72,6 @@ class TrainResult:
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-
-
-def uses_bf16(config: RunConfig, device: torch.device) -> bool:
-    precision = config.train.precision
-    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
-
-
-def autocast(config: RunConfig, device: torch.device):
-    return mixed_precision(device, uses_bf16(config, device), config.train.bf16_gemm)
-
-
-@torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, loader: PackedLoader, config: RunConfig, device: torch.device,
-                  env: Optional[DistEnv] = None) -> float:
-    """Mean validation loss per labelled token over the first `eval_batches` x `micro_batch` windows,
-    split across the data-parallel ranks (rank r takes windows r, r + world, ...), so that the figure
-    does not depend on the world size. Every rank runs the same number of forwards (FSDP's are
-    collective); a rank with fewer windows repeats its first micro-batch without counting it."""
-    env = env or DistEnv()
-    micro, use_doc_ids = config.train.micro_batch, config.attention.doc_mask
-    windows = min(config.train.eval_batches * micro, loader.num_windows)
-    mine = list(loader.sequential(windows, micro, env.rank, env.world))
-    rounds = math.ceil(math.ceil(windows / env.world) / micro)  # rank 0's count, the largest
-    filler = mine[0] if mine else loader.collate([0])
-    model.eval()
-    total, tokens = 0.0, 0
-    for i in range(rounds):
-        batch = (mine[i] if i < len(mine) else filler).to(device)
-        with autocast(config, device):
-            _, loss = model(batch.input_ids, batch.labels, batch.position_ids, batch.doc_ids if use_doc_ids else None)
-        labelled = int((batch.labels != -100).sum())
-        if i < len(mine) and labelled:
-            total += loss.item() * labelled
-            tokens += labelled
-    model.train()
-    total, tokens = env.sum([total, tokens], device)
-    return total / tokens
-
-
-def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-        TimeRemainingColumn(), disable=not enabled, transient=False,
-    )
-
-
-def _check_resume_world(state: dict, phases: list[Phase], env: DistEnv, path: Path) -> None:
-    """Resuming on another world size is allowed only if every step keeps its global batch (DCP
-    reshards weights and optimizer; each step then sees the same samples, split differently), and a
-    resumed run keeps its window length; both may change at a phase boundary, where the next phase
-    counts its data from its own start."""
-    if any(state["step"] == phase.start for phase in phases):
-        return
-    saved_len, seq_len = state.get("seq_len"), phase_at(phases, state["step"]).config.data.seq_len
-    if saved_len is not None and saved_len != seq_len:
-        raise ConfigError(f"{path}: trained at data.seq_len={saved_len}, but config.yaml now says {seq_len}; a resumed "
-                          "run keeps its windows (its data position and token count depend on them): put it back, or "
-                          "start a new run from this one with train.branch_from")
-    saved_batch = state.get("global_batch")
-    batch = phase_at(phases, state["step"]).config.train.global_batch
-    if saved_batch is not None and saved_batch != batch:
-        raise ConfigError(
-            f"{path}: written by {state.get('world', 1)} process(es) with global batch {saved_batch}; this job's "
-            f"{env.world} process(es) make it {batch}. Resume with {state.get('world', 1)} process(es), or edit "
-            f"train.grad_accum in config.yaml so that micro_batch * grad_accum * processes = {saved_batch}"
-        )
-
-
-class _SkipGuard:
-    """Decides whether a step's update is applied: non-finite loss or gradients (on any rank), or a
-    loss above `spike_factor` x the median of the last `spike_window` applied steps."""
-
-    def __init__(self, config: RunConfig):
-        self.factor = config.train.spike_factor
-        self.recent: deque[float] = deque(maxlen=config.train.spike_window)
-        self.max_bad = config.train.max_bad_steps
-        self.consecutive = 0
-        self.skipped = 0
-
-    def reason(self, finite: bool, loss: float) -> Optional[str]:
-        if not finite:
-            return "non-finite"
-        if self.factor and len(self.recent) >= min(10, self.recent.maxlen) and loss > self.factor * statistics.median(self.recent):
-            return "spike"
-        return None
-
-    def record(self, reason: Optional[str], loss: float) -> None:
-        if reason is None:
-            self.consecutive = 0
-            self.recent.append(loss)
-        else:
-            self.consecutive += 1
-            self.skipped += 1
-
-    @property
-    def exhausted(self) -> bool:
-        return self.consecutive >= self.max_bad
 
 
 def train(
@@ -203,11 +106,9 @@ def train(
         lock = RunLock(run_dir).acquire() if env.is_main else None  # inside: a full disk fails in one line
         return _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env, device, stop, branch)
     except OSError as exc:
-        if exc.errno not in _STORAGE_ERRORS:
+        if not is_storage_error(exc):
             raise
-        latest = ckpt.latest_checkpoint(run_dir)
-        kept = f"the newest complete checkpoint is {latest}" if latest else "no checkpoint was written"
-        raise WriteFailed(f"{run_dir}: {one_line(exc)}; {kept}; resume with --resume once there is room") from None
+        raise write_failed(run_dir, exc) from None
     finally:
         stop.close()
         if lock is not None:
@@ -232,7 +133,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             if env.is_main:
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
-        latest = _resume_checkpoint(run_dir, from_checkpoint, tc.verify_checkpoints, env)
+        latest = resume_checkpoint(run_dir, from_checkpoint, tc.verify_checkpoints, env)
     else:
         check_new_run_folder(run_dir, probe_lock=False)
     env.barrier()  # every rank has checked the run directory before rank 0 writes to it
@@ -282,7 +183,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     branch_record = branch.record() if branch else None
     if latest is not None:  # verified above: the loads below check sizes only
         state = ckpt.read_state(latest, verify="sizes")
-        _check_resume_world(state, phases, env, latest)
+        check_resume_world(state, phases, env, latest)
         ckpt.load_checkpoint(latest, wrapped, optimizer, env, verify="sizes")
         branch_record = state.get("branch_from")
     elif branch is not None:  # a branch may change the batch: its data position is its own step
@@ -317,7 +218,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
 
     metrics = MetricsLog(run_dir, resume_step=start_step, tensorboard=tc.tensorboard) if env.is_main else None
     summary = model_summary(model)
-    guard = _SkipGuard(config)
+    guard = SkipGuard(config)
     last_loss, last_val = float("nan"), float("nan")
     wall_start, compute_time = time.perf_counter(), 0.0
     step = start_step
@@ -337,12 +238,11 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                                                      phase_end, full_weights=every or at_step == phase.end, protect=protect,
                                                      keep_for_good=at_step in tc.checkpoint_steps)
 
-    progress = _progress(tc.progress and env.is_main)
+    progress = progress_bar(tc.progress and env.is_main)
     phase = phase_at(phases, step)
     try:
         with progress:
-            task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=
-                                     f"{summary['params'] / 1e6:.1f}M params, rotary {summary['rotary_dims']}/{summary['head_dim']}")
+            task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=model_status(summary))
             if tc.init_from and start_step == 0 and latest is None:  # where the source's weights start: the curve's first point
                 pc = phases[0].config
                 model.set_rope_theta(pc.model.rope.theta)
@@ -357,7 +257,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 if stop.requested_on_any_rank(env, device):  # before the first step too: a stop always leaves a checkpoint
                     if guard.consecutive == 0 and ckpt.latest_checkpoint(run_dir) != ckpt.step_dir(run_dir, step):
                         save(step, phase)
-                    raise _stopped(stop.signum, step, run_dir)
+                    raise stopped_by_signal(stop.signum, step, run_dir)
                 pc = phase.config
                 ptc = pc.train
                 if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
@@ -396,7 +296,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 dt = time.perf_counter() - t0
                 compute_time += dt
                 speed = throughput_for(phase).update(dt)
-                row = {"step": step, "tokens": _tokens_seen(phases, step), "loss": last_loss, "lr": lr,
+                row = {"step": step, "tokens": tokens_seen(phases, step), "loss": last_loss, "lr": lr,
                        "grad_norm": grad_norm, "tokens_per_s": tokens_per_step / dt,
                        "tokens_per_s_per_device": speed["tokens_per_s"],
                        **({"mfu": speed["mfu"]} if speed["mfu"] is not None else {}),
@@ -424,18 +324,16 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 due = step % ptc.checkpoint_every == 0 or step == phase.end or step in tc.checkpoint_steps
                 if due and guard.consecutive == 0:
                     save(step, phase)
-                val_text = f" val {last_val:.3f}" if last_val == last_val else ""
-                mfu_text = f" MFU {speed['mfu']:.1%}" if speed["mfu"] is not None else ""
-                progress.update(task, completed=step, status=f"{phase.name if len(phases) > 1 else ''} loss {last_loss:.3f}"
-                                f"{val_text} {row['tokens_per_s']:,.0f} tok/s{mfu_text}")
+                progress.update(task, completed=step, status=step_status(phase.name if len(phases) > 1 else "", last_loss,
+                                                                        last_val, row["tokens_per_s"], speed["mfu"]))
     finally:
         if metrics:
             metrics.close()
 
-    trained_tokens = _tokens_seen(phases, step) - _tokens_seen(phases, start_step)
+    trained_tokens = tokens_seen(phases, step) - tokens_seen(phases, start_step)
     result = TrainResult(
         run_dir=run_dir, steps=step, final_train_loss=last_loss, final_val_loss=last_val,
-        tokens=_tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
+        tokens=tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
         tokens_per_s=trained_tokens / compute_time if compute_time else float("nan"),
         skipped_steps=guard.skipped, phases=phase_results, init_from=init_record, branch_from=branch_record,
     )
@@ -443,46 +341,3 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         write_result(run_dir, result.to_dict())
     return result
 
-
-def _resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> Optional[Path]:
-    """The checkpoint a resume starts from, verified: `requested` (a step, or a folder of the run's own
-    checkpoints: another run's weights start a new run, `train.init_from`), refused when damaged; else
-    the newest intact one, saying in one line per damaged newer checkpoint that it was passed over;
-    None for a run killed before its first checkpoint (it starts again from step 0 with its config.yaml)."""
-    if requested is not None:
-        path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
-        if path.resolve().parent != ckpt.checkpoint_dir(run_dir).resolve():
-            raise ConfigError(f"--from-checkpoint {requested}: not a checkpoint of {run_dir} (a step number or a "
-                              f"folder in {ckpt.checkpoint_dir(run_dir)}); to start a new run from another run's "
-                              f"weights, train into a new --out with train.init_from={requested} (or "
-                              f"train.branch_from={requested} to continue its whole training state)")
-        if not path.is_dir():
-            raise ConfigError(f"{path}: requested checkpoint does not exist")
-        ckpt.verify_checkpoint(path, verify, env=env)  # DamagedCheckpoint: one line naming the file
-        ckpt.read_state(path, verify="never")  # refuses an incomplete one
-        return path
-    latest, damaged = ckpt.latest_intact_checkpoint(run_dir, verify, env)
-    for folder, why in damaged if env.is_main else ():
-        print(f"{folder}: damaged ({why}); falling back to {latest.name if latest else 'nothing'}", file=sys.stderr)
-    if latest is None and damaged:
-        raise ConfigError(f"{run_dir}: no intact checkpoint to resume from (every one is damaged)")
-    if latest is None and env.is_main:
-        print(f"{run_dir}: stopped before its first checkpoint; starting again from step 0 with its {CONFIG}",
-              file=sys.stderr)
-    return latest
-
-
-def _stopped(signum, step: int, run_dir: Path) -> StoppedBySignal:
-    latest = ckpt.latest_checkpoint(run_dir)
-    kept = f"checkpoint {latest}" if latest else "no checkpoint (every step so far was skipped)"
-    return StoppedBySignal(signum, f"{run_dir}: stopped by {signal_name(signum)} at step {step}, {kept}; "
-                                   f"resume with: ropelab train --out {run_dir} --resume")
-
-
-def _tokens_seen(phases: list[Phase], step: int) -> int:
-    """Tokens trained on after global step `step` (phases may differ in batch and length)."""
-    total = 0
-    for phase in phases:
-        done = min(max(step - phase.start, 0), phase.steps)
-        total += done * phase.config.train.global_batch * phase.config.data.seq_len
-    return total

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, set_dotted
 from ropelab.rope import layer_frequencies
-from ropelab.rope_bound import first_negative_of
+from ropelab.rope.bound import first_negative_of
 
 
 @dataclass
@@ -59,7 +59,7 @@ def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
 
 def base_warnings(phases: list[Phase]) -> list[str]:
     """One line per phase whose RoPE frequencies, at its window length, fall short of Men et al.'s
-    base bound (`ropelab.rope_bound`): some distance within the window where a key similar to the
+    base bound (`ropelab.rope.bound`): some distance within the window where a key similar to the
     query gets less attention than a random one. Checked on each layer's own frequencies (its
     spectrum, plan and scaling at that length); NoPE layers have none."""
     lines = []
@@ -90,3 +90,12 @@ def phase_at(phases: list[Phase], step: int) -> Phase:
         if step < phase.end:
             return phase
     return phases[-1]
+
+
+def tokens_seen(phases: list[Phase], step: int) -> int:
+    """Tokens trained on after global step `step` (phases may differ in batch and length)."""
+    total = 0
+    for phase in phases:
+        done = min(max(step - phase.start, 0), phase.steps)
+        total += done * phase.config.train.global_batch * phase.config.data.seq_len
+    return total

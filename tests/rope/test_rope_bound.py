@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from ropelab.cli import main
 from ropelab.config import ConfigError
 from ropelab.rope import inverse_frequencies
-from ropelab.rope_bound import base_lower_bound, bound_table, discrimination, discrimination_upto, first_negative
+from ropelab.rope.bound import base_lower_bound, bound_table, discrimination, discrimination_upto, first_negative
 
 
 def brute_B(m: int, base: float, d: int) -> float:

@@ -30,8 +30,8 @@ that definition numerically (no closed form exists):
     The result is exact up to a relative step floor of 1e-9, and to that precision monotone in L.
     Cost: about 15 s for L = 128k on one CPU core, growing with L and with the bound.
 
-Frequencies are `ropelab.rope.inverse_frequencies` with the ``slice`` style (the spectrum squeezed
-into the rotated channels), so ``d`` is ``rotary_dims``. With d = 2 the only frequency is 1 rad per
+Frequencies are `ropelab.rope.frequencies.inverse_frequencies` with the ``slice`` style (the
+spectrum squeezed into the rotated channels), so ``d`` is ``rotary_dims``. With d = 2 the only frequency is 1 rad per
 token and B(2) = cos 2 < 0 whatever the base: no base works for L >= 2 (reported as infinity).
 """
 
@@ -42,7 +42,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ropelab.config import ConfigError
+from ropelab.errors import ConfigError
 
 MAX_BASE = 1e30  # beyond this no bound is reported (d = 16 already needs 1.1e11 at 128k tokens)
 _STEP_FLOOR = 1e-9  # smallest step in ln(base): the bound's relative precision
@@ -55,7 +55,7 @@ def _exponents(rotary_dims: int) -> np.ndarray:
 
 
 def _frequencies(base: float, rotary_dims: int) -> np.ndarray:
-    """`ropelab.rope.inverse_frequencies` (slice style) in numpy: theta_i = base^(-2i/d)."""
+    """`ropelab.rope.frequencies.inverse_frequencies` (slice style) in numpy: theta_i = base^(-2i/d)."""
     return float(base) ** -_exponents(rotary_dims)
 
 

@@ -1,8 +1,8 @@
-"""Range checks of numeric settings, shared by the `validate` methods of `ropelab.config`.
+"""Range checks of numeric settings, shared by the `validate` methods of the configs (`ropelab.config`).
 
 Every number a config holds is checked at load, before anything is written:
-  * floats are finite and within float32's range (`finite_number`, applied by `ropelab.config`'s
-    loader to every float field): the model, optimizer and loss compute in float32 or narrower,
+  * floats are finite and within float32's range (`finite_number`, which `ropelab.config.coerce`
+    applies to every float field): the model, optimizer and loss compute in float32 or narrower,
     where a larger magnitude is infinite;
   * integers have an upper bound as well as a lower one: sizes, counts and lengths at most
     `INT_MAX`, so that a product of two (a weight matrix's elements, tokens per batch) stays

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from ropelab.cli import main
@@ -95,3 +98,11 @@ def test_numbers_out_of_range_are_one_line_and_write_nothing(tmp_path, capsys, o
     err = capsys.readouterr().err
     assert err.startswith(f"ropelab: error: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_importing_the_config_does_not_import_torch():
+    """Reading and checking a config (the CLI's first step, `ropelab.config`) stays cheap: no torch."""
+    code = ("import sys, ropelab.config; ropelab.config.build_run_config(preset='tiny-pythia'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]"

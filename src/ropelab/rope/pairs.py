@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab.config import ConfigError, RopeConfig
+from ropelab.config.rope import RopeConfig
+from ropelab.errors import ConfigError
 
 STRATEGIES = ("high", "low", "uniform", "2-norm")
 

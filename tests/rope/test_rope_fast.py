@@ -1,6 +1,6 @@
 """The in-place partial RoPE fast path (`PartialRotary`, picked by `RotaryEmbedding.forward`) against
 the out-of-place reference `apply_partial_rope`: values, gradients, pass-through channels, fallbacks.
-The CPU rotation runs on the C kernel (`rope_cpu`) or, with it switched off, the torch path: both are
+The CPU rotation runs on the C kernel (`rope.cpu_kernel`) or, with it switched off, the torch path: both are
 tested (fixture `cpu_kernel`)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ropelab import rope_cpu
 from ropelab.config import ModelConfig, RopeConfig
 from ropelab.model import Transformer
+from ropelab.rope import cpu_kernel as rope_cpu
 from ropelab.rope import RotaryEmbedding, apply_partial_rope, partial_rotary, rope_angles, rotate, rotate_
 
 B, T, C, H, K, D = 2, 13, 24, 4, 2, 32

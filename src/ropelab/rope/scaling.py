@@ -48,7 +48,7 @@ from typing import Optional, Union
 
 import torch
 
-from ropelab.config import RopeScalingConfig
+from ropelab.config.rope import RopeScalingConfig
 
 
 def spectrum_dims(rotary_dims: int, head_dim: int, style: str, has_plan: bool) -> int:

@@ -1,4 +1,4 @@
-"""The Triton RoPE kernel (`ropelab.rope_triton`) against the reference rotation: values, gradients
+"""The Triton RoPE kernel (`ropelab.rope.triton_kernel`) against the reference rotation: values, gradients
 through `PartialRotary`, pass-through channels, every angle source, both layouts.
 
 Runs on CUDA where there is one; otherwise in Triton's interpreter on CPU tensors. Skipped when
@@ -26,8 +26,8 @@ DIMS = {"0.1": 2, "0.25": 8, "1.0": 32}
 
 @pytest.fixture(scope="module")
 def kernel():
-    """ropelab.rope_triton, imported for the interpreter when there is no GPU (and restored after)."""
-    import ropelab.rope_triton as module
+    """ropelab.rope.triton_kernel, imported for the interpreter when there is no GPU (and restored after)."""
+    import ropelab.rope.triton_kernel as module
 
     if DEVICE == "cuda":
         yield module
@@ -146,7 +146,7 @@ def test_rotary_embedding_dispatches_to_the_kernel(kernel, cache, monkeypatch):
     """`RotaryEmbedding` hands q and k to the Triton kernel (angles by position, table grown to the
     largest position) and gives the reference's values and gradients; a negative position, which
     the table cannot hold, takes the reference instead of reaching the kernel."""
-    import ropelab.rope as rope_module
+    import ropelab.rope.embedding as rope_module
     from ropelab.config import RopeConfig
     from ropelab.rope import RotaryEmbedding
 

@@ -1,8 +1,8 @@
 """Fused in-place partial RoPE for CUDA tensors: one Triton kernel for q and k.
 
-`rope.py` imports this module only when CUDA is available and Triton imports; it then rotates
-q and k with `rotate_qk_` inside `PartialRotary` (forward: +angle, backward: -angle on the
-incoming gradients). Each program owns a block of tokens of one sequence and a group of heads:
+`ropelab.rope.kernels` imports this module only when CUDA is available and Triton imports; it
+then rotates q and k with `rotate_qk_` inside `PartialRotary` (forward: +angle, backward: -angle on
+the incoming gradients). Each program owns a block of tokens of one sequence and a group of heads:
 it forms cos/sin for its tokens once, then for each head loads the rotary channels, rotates them
 in float32 and stores them back in the tensor's dtype. The pass-through channels are never
 loaded or stored, so the bytes moved follow the fraction.
@@ -13,7 +13,8 @@ Where the angles come from (one of):
     the ``table`` cache, looked up inside the kernel;
   * ``positions`` with ``inv_freq`` (rotary_dims/2, float64): the ``none`` cache. The angle
     position * frequency is formed and reduced modulo 2 pi in float64 (exact far beyond 2^24
-    tokens, like `rope.rope_angles`), and only the reduced angle goes to float32 for cos/sin.
+    tokens, like `ropelab.rope.frequencies.rope_angles`), and only the reduced angle goes to float32
+    for cos/sin.
 
 The kernel also runs under ``TRITON_INTERPRET=1`` on CPU tensors, which is how the tests check it
 without a GPU.

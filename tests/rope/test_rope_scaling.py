@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from ropelab.config import ConfigError, ModelConfig, PhaseConfig, RopeConfig, RopeScalingConfig, build_run_config
 from ropelab.model import Transformer
 from ropelab.rope import RotaryEmbedding, inverse_frequencies, layer_frequencies, rope_angles
-from ropelab.rope_scaling import scale_frequencies
+from ropelab.rope.scaling import scale_frequencies
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -235,14 +235,14 @@ def test_traced_length_gives_the_same_cos_sin(monkeypatch):
 
 
 def test_kernel_forming_angles_from_frequencies_falls_back_with_an_attention_factor(monkeypatch):
-    class Triton:  # stands in for rope_triton: it would form cos/sin from inv_freq without the factor
+    class Triton:  # stands in for rope.triton_kernel: it would form cos/sin from inv_freq without the factor
         @staticmethod
         def supports(*args):
             return True
 
         rotate_qk_ = None
 
-    monkeypatch.setattr("ropelab.rope.triton_kernels", lambda: Triton)
+    monkeypatch.setattr("ropelab.rope.embedding.triton_kernels", lambda: Triton)
     q, k, positions = torch.randn(1, 1, 4, 16), torch.randn(1, 1, 4, 16), torch.arange(4)[None]
     assert _rotary(RopeScalingConfig("yarn", 4.0, 8), cache="none")._kernel_rotation(q, k, positions) is None
     assert _rotary(RopeScalingConfig("linear", 4.0), cache="none")._kernel_rotation(q, k, positions) is not None
@@ -332,7 +332,8 @@ def test_scaling_from_yaml_and_per_layer():
 
 # ------------------------------------------------------------------ Hugging Face models: logits
 
-from ropelab.sources.hf import from_hf, hf_architecture, to_hf  # noqa: E402
+from ropelab.sources.hf import from_hf, to_hf  # noqa: E402
+from ropelab.sources.hf_config_write import hf_architecture  # noqa: E402
 
 VOCAB, T = 128, 24
 HF_COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
@@ -393,7 +394,7 @@ def test_llama_4x_rope_scaling_fields_import():
     """A transformers 4.x LlamaConfig: flat rope_theta, the scaling in `rope_scaling` (legacy key `type`)."""
     from types import SimpleNamespace
 
-    from ropelab.sources.hf import model_config_from_hf
+    from ropelab.sources.hf_config_read import model_config_from_hf
 
     config = SimpleNamespace(model_type="llama", hidden_act="silu", num_key_value_heads=2, rms_norm_eps=1e-5,
                              initializer_range=0.02, tie_word_embeddings=False, rope_theta=100.0, **HF_COMMON,

@@ -1,16 +1,16 @@
 """Fused in-place partial RoPE for CPU tensors: one C loop over q and k, compiled on first use.
 
 Why a C loop: eager PyTorch has no single op for the half-layout rotation
-(x1 cos - x2 sin, x2 cos + x1 sin), so `rope.rotate_` needs four elementwise passes, and each
-pass walks every (batch, head, token) row. Full rotation then costs several copies of q and k,
+(x1 cos - x2 sin, x2 cos + x1 sin), so `ropelab.rope.kernels.rotate_` needs four elementwise passes,
+and each pass walks every (batch, head, token) row. Full rotation then costs several copies of q and k,
 and at small fractions the per-row cost of those passes, not the bytes, dominates. This kernel
 reads and writes the rotary channels of each row once, for q and k in one parallel loop, with
 the loop order following the tensors' strides (so `Attention`'s transposed projection views are
 walked in memory order). Everything else in the row is neither read nor written.
 
 Numbers: float32 is computed without fused multiply-adds (``-ffp-contract=off``), so it gives
-the same bits as the reference `rope.rotate`; bfloat16 is computed in float32 and rounded once to
-nearest even, as `rope.rotate` does.
+the same bits as the reference `ropelab.rope.reference.rotate`; bfloat16 is computed in float32
+and rounded once to nearest even, as `rotate` does.
 
 Build: `SOURCE` is compiled once per machine with the system C compiler (``$CC``, else ``cc``)
 into ``$ROPELAB_CACHE/kernels`` (default ``~/.cache/ropelab/kernels``), named by a hash of the
@@ -18,7 +18,7 @@ source, the flags and the CPU model (``-march=native`` code must not travel to a
 loaded with ctypes. The parallel loop uses OpenMP; torch has already loaded its own libgomp, so
 the library binds to torch's thread pool instead of starting a second one (a compiler without
 OpenMP builds a single-threaded loop). Without a compiler, or with ``ROPELAB_CPU_KERNEL=0``,
-`available()` is False and `rope` uses its torch path.
+`available()` is False and `ropelab.rope.kernels` uses its torch path.
 """
 
 from __future__ import annotations

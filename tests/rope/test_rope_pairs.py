@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ropelab.config import ConfigError, RopeConfig
 from ropelab.rope import RotaryEmbedding, apply_partial_rope, inverse_frequencies, rope_angles
-from ropelab.rope_pairs import channel_order, head_rows, kept_pairs, pair_norms, pair_scores, select_pairs, top_pairs
+from ropelab.rope.pairs import channel_order, head_rows, kept_pairs, pair_norms, pair_scores, select_pairs, top_pairs
 
 
 def test_strategies_pick_the_pairs_mha2mla_names():

@@ -1,0 +1,128 @@
+"""Shape and block design of a transformer (`ModelConfig`) and its named presets (`MODEL_PRESETS`)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
+from ropelab.config.coerce import from_dict
+from ropelab.config.rope import PLAN_KEYS, RopeConfig
+from ropelab.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Shape and block design of one decoder-only transformer."""
+
+    name: str = "custom"
+    vocab_size: Optional[int] = None  # None: follow the tokenizer (padded to a multiple of 64)
+    n_layer: int = 4
+    d_model: int = 256
+    n_head: int = 4
+    n_kv_head: Optional[int] = None  # None: same as n_head (no GQA)
+    head_dim: Optional[int] = None  # None: d_model // n_head
+    d_ff: int = 704
+    block: Literal["sequential", "parallel"] = "sequential"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    max_seq_len: int = 131_072
+    init_std: float = 0.02
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    # Per-layer exceptions: {layer_index: {rope keys}}; e.g. {3: {fraction: 0}} for a NoPE layer.
+    rope_layers: dict = field(default_factory=dict)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.d_model // self.n_head
+
+    def rope_for_layer(self, layer: int) -> RopeConfig:
+        override = self.rope_layers.get(layer) or self.rope_layers.get(str(layer))
+        if not override:
+            return self.rope
+        base = dataclasses.asdict(self.rope)
+        # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
+        if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
+            base.update(dict.fromkeys(PLAN_KEYS))
+        merged = base | dict(override)
+        return from_dict(RopeConfig, merged, f"model.rope_layers.{layer}")
+
+    def validate(self) -> None:
+        check_ints("model", self, ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "max_seq_len",
+                                   "vocab_size"))
+        if self.head_dim is None and self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.n_head={self.n_head}: must divide model.d_model={self.d_model} (or set model.head_dim)"
+            )
+        if self.n_head % self.kv_heads:
+            raise ConfigError(f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head}")
+        check_float("model.norm_eps", self.norm_eps, f"[{FLOAT32_TINY!r}, inf)", "smaller rounds to 0 in float32")
+        check_float("model.init_std", self.init_std, "(0, 1]")
+        for layer in self.rope_layers:
+            if not (0 <= int(layer) < self.n_layer):
+                raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
+        overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
+        layers = set(overridden)
+        plain = next((i for i in range(self.n_layer) if i not in overridden), None)
+        if plain is not None:  # the layers without an override share model.rope: one stands for all
+            layers.add(plain)
+        for layer in sorted(layers):
+            key = "model.rope" if layer not in overridden else f"model.rope_layers.{layer}"
+            rope = self.rope_for_layer(layer)
+            rope.validate(self.head_size, key)
+            if rope.has_plan:
+                rope.validate_plan(self.head_size, key, self.kv_heads)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "ModelConfig":
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"preset={name!r}: unknown; choose one of {', '.join(MODEL_PRESETS)}")
+        cfg = copy.deepcopy(MODEL_PRESETS[name])
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _llama(name, n_layer, d_model, n_head, n_kv_head, d_ff, vocab, tie, theta, **kw) -> ModelConfig:
+    return ModelConfig(
+        name=name, vocab_size=vocab, n_layer=n_layer, d_model=d_model, n_head=n_head, n_kv_head=n_kv_head,
+        d_ff=d_ff, tie_embeddings=tie, rope=RopeConfig(fraction=1.0, theta=theta), **kw,
+    )
+
+
+# Published shapes: Llama-3.2-1B and Llama-3.1-8B (Meta's config.json), Pythia-1B (EleutherAI's
+# config.json). `pythia-1b-released` is the partial-RoPE seed's released GPT-NeoX config for its
+# "Pythia-1B" runs: sequential blocks, RMSNorm, SwiGLU, no biases, 8 heads of 256, untied.
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # CPU-sized: head_dim 64 like Llama-3.2-1B, so the seed's fractions map to 0/2/6/16/32/48/64 dims.
+    "tiny-llama": _llama("tiny-llama", 4, 128, 2, 1, 384, None, True, 10_000.0, max_seq_len=8192),
+    "tiny-pythia": ModelConfig(
+        name="tiny-pythia", n_layer=4, d_model=256, n_head=4, d_ff=1024, block="parallel", norm="layernorm",
+        mlp="gelu", attn_bias=True, mlp_bias=True, max_seq_len=8192, rope=RopeConfig(fraction=0.25),
+    ),
+    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128_256, True, 500_000.0),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14_336, 128_256, False, 500_000.0),
+    "llama-8b-36l": _llama("llama-8b-36l", 36, 4096, 32, 8, 14_336, 128_256, False, 500_000.0),
+    "pythia-1b": ModelConfig(
+        name="pythia-1b", vocab_size=50_304, n_layer=16, d_model=2048, n_head=8, d_ff=8192, block="parallel",
+        norm="layernorm", mlp="gelu", attn_bias=True, mlp_bias=True, max_seq_len=2048,
+        rope=RopeConfig(fraction=0.25),
+    ),
+    "pythia-1b-released": ModelConfig(
+        name="pythia-1b-released", vocab_size=50_304, n_layer=16, d_model=2048, n_head=8, d_ff=8192,
+        max_seq_len=8192, rope=RopeConfig(fraction=0.25),
+    ),
+    # The distillation seed's student, MobileLLM-Pro 1B as publicly summarised: 30 layers, d_model
+    # 1280, 20 query / 4 KV heads of 64, Llama-4 vocabulary (202,048), tied. d_ff 6144 is our
+    # assumption: with it the model has the reported ~1.08B parameters.
+    "mobilellm-pro-1b": _llama("mobilellm-pro-1b", 30, 1280, 20, 4, 6144, 202_048, True, 10_000.0, max_seq_len=131_072),
+}

@@ -1,0 +1,125 @@
+"""Writing the transformers config of a ropelab model: the architecture exactly equivalent to a
+`ModelConfig` (`ropelab.sources.hf_archs`), or a ValueError naming every reason there is none.
+
+  hf_architecture(config)  the HF model_type (llama, qwen3 or gpt_neox)
+  hf_config_for(config)    the LlamaConfig, Qwen3Config or GPTNeoXConfig
+
+RoPE scaling (`rope.scaling`) travels as HF's rope types (transformers 5 `rope_parameters`, 4.x
+`rope_scaling`): linear, dynamic, yarn, llama3 and longrope on Llama and Qwen3; GPT-NeoX exports
+linear and dynamic. Static NTK (`ntk`, no HF rope type) is a change of base, so it exports as the
+default rope type at the base it amounts to. HF's dynamic NTK grows from max_position_embeddings, so
+a dynamic model exports with max_position_embeddings = its original_max_position.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ropelab.config import ModelConfig, RopeConfig
+from ropelab.sources.hf_archs import ARCHS, COMMON_FIELDS, HF_FIELD_NAMES, SCALING_FIELDS, Arch
+from ropelab.sources.transformers_lib import require_transformers
+
+
+def hf_architecture(config: ModelConfig) -> str:
+    """The HF model_type exactly equivalent to `config`, or a ValueError listing every obstacle."""
+    if config.norm == "layernorm" and config.mlp == "gelu":
+        name = "gpt_neox"
+    elif config.norm == "rmsnorm" and config.mlp == "swiglu":
+        name = "qwen3" if config.qk_norm else "llama"
+    else:
+        raise ValueError(
+            f"no Hugging Face class pairs norm={config.norm} with mlp={config.mlp} "
+            "(Llama/Qwen3: rmsnorm + swiglu; GPT-NeoX: layernorm + gelu)"
+        )
+    arch, why = ARCHS[name], []
+    if config.vocab_size is None:
+        why.append("vocab_size is None (set it from the tokenizer first)")
+    if config.qk_norm != arch.qk_norm:
+        why.append(f"{arch.model_class} has no QK-norm but qk_norm=True")
+    if config.block == "parallel" and not arch.fused_qkv:
+        why.append(f"block=parallel: {arch.model_class} has sequential blocks (parallel needs layernorm + gelu)")
+    for flag in ("attn_bias", "mlp_bias"):
+        field_name, fixed = getattr(arch, flag)
+        if field_name is None and getattr(config, flag) != fixed:
+            why.append(f"{flag}={getattr(config, flag)}: {arch.model_class} always has {flag}={fixed}")
+    if arch.fused_qkv and config.kv_heads != config.n_head:
+        why.append(f"n_kv_head={config.kv_heads}: GPT-NeoX has no grouped-query attention")
+    if arch.fused_qkv and config.head_size * config.n_head != config.d_model:
+        why.append(f"head_dim={config.head_size}: GPT-NeoX needs head_dim = d_model / n_head")
+    why += _rope_obstacles(config, arch)
+    if why:
+        raise ValueError(f"cannot export {config.name!r} as {arch.model_class}: " + "; ".join(why))
+    return name
+
+
+def _rope_obstacles(config: ModelConfig, arch: Arch) -> list[str]:
+    rope, D, why = config.rope_for_layer(0), config.head_size, []
+    if any(config.rope_for_layer(i) != rope for i in range(1, config.n_layer)):
+        why.append("rope_layers give layers different RoPE settings; HF classes share one RoPE")
+    rotary_dims = rope.resolve_dims(D)
+    if rotary_dims and rope.layout != "half":
+        why.append(f"rope.layout={rope.layout}: HF classes rotate with rotate_half (layout=half)")
+    if rotary_dims < D and not arch.partial_rope:
+        why.append(f"rotary_dims={rotary_dims} of head_dim={D}: {arch.model_class} rotates every channel")
+    if 0 < rotary_dims < D and rope.style != "slice":
+        why.append(f"rope.style={rope.style}: GPT-NeoX partial RoPE uses slice frequencies theta^(-2i/rotary_dims)")
+    if rope.scaling is not None and rope.scaling.method not in arch.scalings:
+        why.append(f"rope.scaling.method={rope.scaling.method}: exported natively as {arch.model_class} only for "
+                   f"{', '.join(arch.scalings)}")
+    return why
+
+
+def _hf_scaling(rope: RopeConfig, rotary_dims: int) -> tuple[float, dict]:
+    """(HF rope_theta, HF rope type fields) of the layer's RoPE; static NTK becomes its base."""
+    scaling = rope.scaling
+    if scaling is None:
+        return rope.theta, {"rope_type": "default"}
+    if scaling.method == "ntk":  # theta * factor^(dim/(dim-2)), dim the rotated channels (slice or full RoPE)
+        return rope.theta * scaling.factor ** (rotary_dims / (rotary_dims - 2)), {"rope_type": "default"}
+    fields = {HF_FIELD_NAMES.get(name, name): getattr(scaling, name) for name in SCALING_FIELDS[scaling.method]}
+    return rope.theta, {"rope_type": scaling.method} | {k: v for k, v in fields.items() if v is not None}
+
+
+def _rotary_pct(rotary_dims: int, head_dim: int) -> float:
+    """A fraction p with int(head_dim * p) == rotary_dims, as GPT-NeoX computes its rotary channels."""
+    pct = rotary_dims / head_dim
+    while int(head_dim * pct) < rotary_dims:  # rounding below an integer: step up one ulp
+        pct = math.nextafter(pct, 2.0)
+    return pct
+
+
+def _rope_kwargs(config_cls: type, arch: Arch, theta: float, pct: float, scaling: dict) -> dict:
+    """RoPE keywords: transformers 5 `rope_parameters`, or the 4.x flat fields (with `rope_scaling`)."""
+    if hasattr(config_cls, "rope_parameters"):
+        params = scaling | {"rope_theta": theta}
+        if arch.partial_rope:
+            params["partial_rotary_factor"] = pct
+        return {"rope_parameters": params}
+    flat = {} if scaling["rope_type"] == "default" else {"rope_scaling": scaling}
+    if arch.partial_rope:  # transformers 4.x GPTNeoXConfig
+        return flat | {"rotary_emb_base": theta, "rotary_pct": pct}
+    return flat | {"rope_theta": theta}
+
+
+def hf_config_for(config: ModelConfig):
+    """The transformers config (LlamaConfig, Qwen3Config or GPTNeoXConfig) equivalent to `config`."""
+    arch = ARCHS[hf_architecture(config)]
+    config_cls = getattr(require_transformers("Hugging Face conversion"), arch.config_class)
+    rope, D = config.rope_for_layer(0), config.head_size
+    kwargs = {theirs: getattr(config, ours) for ours, theirs in COMMON_FIELDS.items()}
+    kwargs |= {"hidden_act": arch.act, arch.eps_field: config.norm_eps}
+    for flag in ("attn_bias", "mlp_bias"):  # HF fields that exist for this class (others are fixed)
+        if getattr(arch, flag)[0]:
+            kwargs[getattr(arch, flag)[0]] = getattr(config, flag)
+    if arch.fused_qkv:
+        kwargs["use_parallel_residual"] = config.block == "parallel"
+    else:
+        kwargs |= {"num_key_value_heads": config.kv_heads, "head_dim": D}
+    theta, scaling = _hf_scaling(rope, rope.resolve_dims(D))
+    kwargs |= _rope_kwargs(config_cls, arch, theta, _rotary_pct(rope.resolve_dims(D), D), scaling)
+    if scaling["rope_type"] == "dynamic":  # HF's dynamic NTK grows beyond max_position_embeddings
+        kwargs["max_position_embeddings"] = rope.scaling.original_max_position
+    return config_cls(**kwargs)
+
+
+__all__ = ["hf_architecture", "hf_config_for"]
