@@ -1,6 +1,8 @@
 """Errors the CLI reports as one line. Configuration mistakes are `ConfigError` (also importable as
 `ropelab.config.ConfigError`)."""
 
+import errno
+
 
 class ConfigError(ValueError):
     """A user's configuration is invalid. The message is one line naming the key."""
@@ -28,3 +30,13 @@ def load_failure(exc: BaseException, trust_remote_code: bool, limit: int = 300) 
         return ("it ships Python code for transformers to run (auto_map), which ropelab runs only when asked: "
                 "pass --trust-remote-code (trust_remote_code=True) if you trust it")
     return one_line(exc, limit)
+
+
+# A full disk or quota, a read-only or failing file system: a command stops in one line, and what it
+# wrote before (checkpoints and shards are renamed into place only when complete) stays as it was.
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def is_storage_error(exc: OSError) -> bool:
+    """Whether an OSError means the storage is full, read-only or failing (not a bug of ours)."""
+    return exc.errno in STORAGE_ERRORS

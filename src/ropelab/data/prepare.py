@@ -21,7 +21,6 @@ write is cut in the middle.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -38,12 +37,10 @@ from ropelab.data.encoding import Encoder, batches_of, encoded_batches
 from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
-from ropelab.errors import WriteFailed, one_line
+from ropelab.errors import WriteFailed, is_storage_error, one_line
 
 DEFAULT_SHARD_TOKENS = 2**28
 PROGRESS = "progress.json"
-# a full disk or quota, a read-only or failing file system: one line (WriteFailed), the completed shards kept
-_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 class _StopSignals:
@@ -152,7 +149,7 @@ def prepare(
             write_json(folder / PROGRESS, state)
             return _run(source, tokenizer, folder, settings, state, workers or os.cpu_count() or 1, progress)
         except OSError as exc:
-            if exc.errno not in _STORAGE_ERRORS:
+            if not is_storage_error(exc):
                 raise
             kept = sum(len(records) for records in state["splits"].values())
             raise WriteFailed(f"{folder}: {one_line(exc)}; the {kept} completed shard(s) are kept: "

@@ -3,22 +3,12 @@ fails: which checkpoint was kept, and how to continue."""
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 from typing import Optional
 
 from ropelab.errors import WriteFailed, one_line
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.stop import StoppedBySignal, signal_name
-
-# A full disk or quota, a read-only or failing file system: the run stops in one line, and what was
-# written before (checkpoints are renamed into place only when complete) stays as it was.
-STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
-
-
-def is_storage_error(exc: OSError) -> bool:
-    return exc.errno in STORAGE_ERRORS
-
 
 def write_failed(run_dir: Path, exc: OSError) -> WriteFailed:
     latest = ckpt.latest_checkpoint(run_dir)

@@ -26,7 +26,7 @@ from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
-from ropelab.errors import TrainingDiverged
+from ropelab.errors import TrainingDiverged, is_storage_error
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype
 from ropelab.sources.init import check_init, initial_weights
@@ -37,7 +37,7 @@ from ropelab.train.branch import BranchPoint, branch_point
 from ropelab.train.distributed import (
     DistEnv, clip_grad_norm, init_distributed, no_gradient_sync, shutdown_distributed, wrap_model,
 )
-from ropelab.train.interrupted import is_storage_error, stopped_by_signal, write_failed
+from ropelab.train.interrupted import stopped_by_signal, write_failed
 from ropelab.train.lock import RunLock
 from ropelab.train.metrics import MetricsLog
 from ropelab.train.objectives import Objective, build_objective
