@@ -55,7 +55,7 @@ class StudyFolder:
     @cached_property
     def frontier_points(self) -> list[dict]:
         """{run, role, variant, seed, params, budget, tokens, loss} of each finished cooldown."""
-        return frontier_points(self.path)
+        return frontier_points(self.path, record=self.frontier)
 
     def seed_runs(self, variant: str) -> list[Run]:
         """The runs of `variant`, by seed."""

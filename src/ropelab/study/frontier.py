@@ -173,11 +173,14 @@ def read_frontier_record(study_dir: Path) -> dict[str, FrontierRun]:
     return {run_id: FrontierRun(**entry) for run_id, entry in (record.get("frontier") or {}).items()}
 
 
-def frontier_points(study_dir: Path, roles: tuple[str, ...] = ("cooldown",)) -> list[dict]:
+def frontier_points(study_dir: Path, roles: tuple[str, ...] = ("cooldown",),
+                    record: Optional[dict[str, FrontierRun]] = None) -> list[dict]:
     """One point per finished run of the given roles: {run, role, variant, seed, params, budget,
-    tokens, loss (its final validation loss)}."""
+    tokens, loss (its final validation loss)}. `record`: the study's frontier record where the
+    caller has read it already (`read_frontier_record`)."""
     points = []
-    for run_id, run in read_frontier_record(study_dir).items():
+    record = read_frontier_record(study_dir) if record is None else record
+    for run_id, run in record.items():
         if run.role not in roles:
             continue
         result = read_result(Path(study_dir) / "runs" / run_id)
