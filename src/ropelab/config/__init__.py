@@ -6,6 +6,7 @@ mistake never becomes a traceback. Importing this package does not import torch.
 
   rope.py     RopeConfig, RopeScalingConfig: how a layer rotates queries and keys
   model.py    ModelConfig and the named presets (MODEL_PRESETS)
+  layout.py   LayerKind, QueryTemperature: a layer kind's RoPE, attention window and query temperature
   run.py      DataConfig, AttentionConfig, PhaseConfig, TrainConfig, DistillConfig, RunConfig
   checks.py   range checks of numeric settings, shared by the `validate` methods
   coerce.py   from_dict: a dataclass from a plain dict, keys and types checked
@@ -14,13 +15,14 @@ mistake never becomes a traceback. Importing this package does not import torch.
 
 from ropelab.config.build import build_run_config, load_yaml, parse_override, set_dotted
 from ropelab.config.coerce import from_dict
+from ropelab.config.layout import ATTENTION_KINDS, LayerKind, QueryTemperature
 from ropelab.config.model import MODEL_PRESETS, ModelConfig
 from ropelab.config.rope import PLAN_KEYS, SCALING_METHODS, RopeConfig, RopeScalingConfig, resolve_rotary_dims
 from ropelab.config.run import AttentionConfig, DataConfig, DistillConfig, PhaseConfig, RunConfig, TrainConfig
 from ropelab.errors import ConfigError
 
 __all__ = [
-    "AttentionConfig", "ConfigError", "DataConfig", "DistillConfig", "MODEL_PRESETS", "ModelConfig", "PLAN_KEYS",
-    "PhaseConfig", "RopeConfig", "RopeScalingConfig", "RunConfig", "SCALING_METHODS", "TrainConfig",
+    "ATTENTION_KINDS", "AttentionConfig", "ConfigError", "DataConfig", "DistillConfig", "LayerKind", "MODEL_PRESETS", "ModelConfig", "PLAN_KEYS",
+    "PhaseConfig", "QueryTemperature", "RopeConfig", "RopeScalingConfig", "RunConfig", "SCALING_METHODS", "TrainConfig",
     "build_run_config", "from_dict", "load_yaml", "parse_override", "resolve_rotary_dims", "set_dotted",
 ]

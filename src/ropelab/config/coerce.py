@@ -19,6 +19,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if isinstance(value, str) and str in inner:  # e.g. `dict | str`: a string takes the str branch
+            return value
         return _coerce(value, inner[0], key)
     if origin is Literal:
         if value not in args:
@@ -54,6 +56,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r}: must be a mapping")
+        if len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            return {name: _coerce(item, args[1], f"{key}.{name}") for name, item in value.items()}
         return value
     if origin is list or tp is list:
         if not isinstance(value, list):

@@ -9,6 +9,7 @@ from typing import Any, Literal, Optional
 
 from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
+from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError
 
@@ -38,6 +39,9 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     # Per-layer exceptions: {layer_index: {rope keys}}; e.g. {3: {fraction: 0}} for a NoPE layer.
     rope_layers: dict = field(default_factory=dict)
+    # Layer kinds repeated over the layers (ropelab.config.layout): RoPE, attention window, temperature.
+    layer_pattern: Optional[str] = None
+    layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
 
     @property
     def kv_heads(self) -> int:
@@ -47,16 +51,29 @@ class ModelConfig:
     def head_size(self) -> int:
         return self.head_dim or self.d_model // self.n_head
 
+    def kind_for_layer(self, layer: int) -> Optional[str]:
+        """The layer's kind in `layer_pattern` (None without a pattern)."""
+        return self.layer_pattern[layer % len(self.layer_pattern)] if self.layer_pattern else None
+
+    def layer_kind(self, layer: int) -> LayerKind:
+        """The layer's `LayerKind` (full attention, `model.rope` as it is, without a pattern)."""
+        kind = self.kind_for_layer(layer)
+        return self.layer_kinds[kind] if kind is not None else LayerKind()
+
     def rope_for_layer(self, layer: int) -> RopeConfig:
-        override = self.rope_layers.get(layer) or self.rope_layers.get(str(layer))
-        if not override:
-            return self.rope
-        base = dataclasses.asdict(self.rope)
-        # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
-        if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
-            base.update(dict.fromkeys(PLAN_KEYS))
-        merged = base | dict(override)
-        return from_dict(RopeConfig, merged, f"model.rope_layers.{layer}")
+        """`model.rope`, then the layer kind's RoPE keys, then the layer's `model.rope_layers` entry."""
+        kind = self.kind_for_layer(layer)
+        overrides = [(f"model.layer_kinds.{kind}.rope", self.layer_kind(layer).rope_override()),
+                     (f"model.rope_layers.{layer}", self.rope_layers.get(layer) or self.rope_layers.get(str(layer)))]
+        merged, where = dataclasses.asdict(self.rope), None
+        for key, override in overrides:
+            if not override:
+                continue
+            # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
+            if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
+                merged.update(dict.fromkeys(PLAN_KEYS))
+            merged, where = merged | dict(override), key
+        return self.rope if where is None else from_dict(RopeConfig, merged, where)
 
     def validate(self) -> None:
         check_ints("model", self, ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "max_seq_len",
@@ -69,20 +86,40 @@ class ModelConfig:
             raise ConfigError(f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head}")
         check_float("model.norm_eps", self.norm_eps, f"[{FLOAT32_TINY!r}, inf)", "smaller rounds to 0 in float32")
         check_float("model.init_std", self.init_std, "(0, 1]")
+        if self.layer_pattern is not None or self.layer_kinds:
+            check_pattern(self.layer_pattern, self.layer_kinds, self.n_layer)
+            for name, kind in self.layer_kinds.items():
+                kind.validate(f"model.layer_kinds.{name}")
         for layer in self.rope_layers:
             if not (0 <= int(layer) < self.n_layer):
                 raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
         overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
+        overridden |= {layer for layer in range(self.n_layer) if self.layer_kind(layer).rope_override()}
         layers = set(overridden)
         plain = next((i for i in range(self.n_layer) if i not in overridden), None)
         if plain is not None:  # the layers without an override share model.rope: one stands for all
             layers.add(plain)
         for layer in sorted(layers):
-            key = "model.rope" if layer not in overridden else f"model.rope_layers.{layer}"
+            key = "model.rope" if layer not in overridden else self._rope_key(layer)
             rope = self.rope_for_layer(layer)
             rope.validate(self.head_size, key)
             if rope.has_plan:
                 rope.validate_plan(self.head_size, key, self.kv_heads)
+        for layer in range(self.n_layer):
+            temperature = self.layer_kind(layer).temperature
+            if temperature is None:
+                continue
+            where = f"model.layer_kinds.{self.kind_for_layer(layer)}.temperature"
+            temperature.validate(where)
+            rotated = self.rope_for_layer(layer).resolve_dims(self.head_size)
+            if rotated:
+                raise ConfigError(f"{where}: only for NoPE layers (Llama 4 scales the queries of the layers without "
+                                  f"rotation), but layer {layer} rotates {rotated} channels; set rope: none")
+
+    def _rope_key(self, layer: int) -> str:
+        if self.rope_layers.get(layer) or self.rope_layers.get(str(layer)):
+            return f"model.rope_layers.{layer}"
+        return f"model.layer_kinds.{self.kind_for_layer(layer)}.rope"
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "ModelConfig":
