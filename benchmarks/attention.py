@@ -1,8 +1,10 @@
-"""Document-masked attention: forward + backward of one packed window, backends side by side.
+"""Document-masked and windowed attention: forward + backward of one packed window, backends side by side.
 
     python benchmarks/attention.py                      # 16,384 tokens of 256-token documents, 8 heads x 64
     python benchmarks/attention.py --heads 2 --kv-heads 1 --doc-len 512 --threads 1
     python benchmarks/attention.py --mixed              # document lengths drawn from [doc_len/2, 3*doc_len/2)
+    python benchmarks/attention.py --windows            # sliding windows 128..2048 of 4,096 tokens vs full (~30 s)
+    python benchmarks/attention.py --windows 256 1024 --window-kind chunked --window-tokens 8192
 
 Methods (the same q/k/v values, timed in rotating order, median of the repeats):
   varlen  attend(..., backend="varlen"): documents grouped by length, one causal SDPA per group
@@ -13,6 +15,11 @@ q/k/v are (1, T, H, D).transpose(1, 2) views, as the model's projections produce
 the document boundaries (varlen) or the mask (dense) from doc_ids is inside the timer. Backward is
 `torch.autograd.grad` of the output against a fixed upstream gradient. Prints a table and the
 issue's two ratios, then ONE JSON line with every figure.
+
+With --windows, one row of --window-tokens tokens (no documents) per window size W instead:
+  full    attend(...): causal SDPA, no window (the row W = T, and the ratios' denominator)
+  auto    attend(..., window=(kind, W)): the blocked local kernel where it is cheaper, else `masked`
+  masked  attend(..., backend="sdpa", window=(kind, W)): one SDPA call with a (T x T) window mask
 """
 
 from __future__ import annotations
@@ -25,7 +32,22 @@ import time
 
 import torch
 
-from ropelab.attention import Documents, attend
+from ropelab.attention import Documents, attend, resolve_backend
+from ropelab.attention_windows import check_window
+
+
+def timed(methods: dict, reps: dict) -> dict[str, list[float]]:
+    """Seconds of every run: one warm-up each, then the methods in rotating order."""
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for run in methods.values():
+        run()
+    for round_index in range(max(reps.values())):
+        for name, run in methods.items():
+            if round_index < reps[name]:
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    return times
 
 
 def main() -> None:
@@ -35,13 +57,28 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=7, help="repeats of varlen and batch")
-    parser.add_argument("--dense-reps", type=int, default=3, help="repeats of dense (tens of seconds each at 16k)")
+    parser.add_argument("--reps", type=int, default=None, help="repeats of varlen and batch (default 7); "
+                        "with --windows of full and auto (default 3)")
+    parser.add_argument("--dense-reps", type=int, default=None, help="repeats of dense (default 3, tens of seconds "
+                        "each at 16k); with --windows of masked (default 2)")
     parser.add_argument("--mixed", action="store_true", help="varlen and dense see documents of random lengths (same mean)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--windows", type=int, nargs="*", default=None,
+                        help="window sizes to time instead of documents (no sizes: 128 512 1024 2048)")
+    parser.add_argument("--window-kind", choices=("sliding", "chunked"), default="sliding")
+    parser.add_argument("--window-tokens", type=int, default=4096)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.windows is not None:
+        args.reps, args.dense_reps = args.reps or 3, args.dense_reps or 2
+        window_sweep(args)
+    else:
+        args.reps, args.dense_reps = args.reps or 7, args.dense_reps or 3
+        documents_benchmark(args, parser)
+
+
+def documents_benchmark(args, parser) -> None:
     T, L, H, K, D = args.tokens, args.doc_len, args.heads, args.kv_heads, args.head_dim
     if T % L:
         parser.error("--tokens must be a multiple of --doc-len")
@@ -76,16 +113,7 @@ def main() -> None:
         return run
 
     methods = {"varlen": packed("varlen"), "dense": packed("dense"), "batch": batch()}
-    reps = {"varlen": args.reps, "dense": args.dense_reps, "batch": args.reps}
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for name, run in methods.items():  # warm-up
-        run()
-    for round_index in range(max(reps.values())):
-        for name, run in methods.items():
-            if round_index < reps[name]:
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
+    times = timed(methods, {"varlen": args.reps, "dense": args.dense_reps, "batch": args.reps})
     median = {name: statistics.median(t) for name, t in times.items()}
 
     shape = f"{documents} documents of {L // 2}-{L + L // 2 - 1} tokens (batch: {n} x {L})" if args.mixed else f"{n} documents x {L}"
@@ -103,6 +131,45 @@ def main() -> None:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
         "median_s": {k: round(v, 4) for k, v in median.items()}, "all_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
         "dense_over_varlen": round(speedup, 2), "varlen_over_batch": round(overhead, 3),
+    }))
+
+
+def window_sweep(args) -> None:
+    T, H, K, D, kind = args.window_tokens, args.heads, args.kv_heads, args.head_dim, args.window_kind
+    sizes = sorted({w for w in (args.windows or [128, 512, 1024, 2048]) if w < T})
+    gen = torch.Generator().manual_seed(0)
+    q0, k0, v0 = (torch.randn(1, T, h, D, generator=gen) for h in (H, K, K))
+    upstream = torch.randn(1, H, T, D, generator=gen)
+
+    def method(backend="auto", window=None):
+        q, k, v = (x.clone().transpose(1, 2).requires_grad_() for x in (q0, k0, v0))
+
+        def run():
+            out = attend(q, k, v, None, backend, window)
+            torch.autograd.grad(out, (q, k, v), upstream)
+        return run
+
+    methods, reps = {"full": method()}, {"full": args.reps}
+    for w in sizes:
+        methods[f"auto@{w}"], reps[f"auto@{w}"] = method("auto", (kind, w)), args.reps
+        methods[f"masked@{w}"], reps[f"masked@{w}"] = method("sdpa", (kind, w)), args.dense_reps
+    median = {name: statistics.median(t) for name, t in timed(methods, reps).items()}
+    full = median["full"]
+    picked = {w: resolve_backend("auto", None, torch.device("cpu"), check_window((kind, w), T), T) for w in sizes}
+
+    print(f"{kind} windows over {T:,} tokens, no documents; q heads {H}, kv heads {K}, head_dim {D}; fp32; "
+          f"threads {torch.get_num_threads()}; forward + backward; median of {args.reps} (masked: {args.dense_reps})")
+    print(f"{'W':>6} {'auto runs':>9} {'auto s':>8} {'/ full':>7} {'masked s':>9} {'/ full':>7}")
+    for w in sizes:
+        auto, masked = median[f"auto@{w}"], median[f"masked@{w}"]
+        print(f"{w:>6} {picked[w]:>9} {auto:>8.3f} {auto / full:>7.2f} {masked:>9.3f} {masked / full:>7.2f}")
+    print(f"{T:>6} {'full':>9} {full:>8.3f} {1:>7.2f}")
+    print(json.dumps({
+        "benchmark": "attention_windows", "tokens": T, "kind": kind, "heads": H, "kv_heads": K, "head_dim": D,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(), "auto_backend": {str(w): picked[w] for w in sizes},
+        "median_s": {k: round(v, 4) for k, v in median.items()},
+        "over_full": {k: round(v / full, 3) for k, v in median.items()},
     }))
 
 

@@ -1,31 +1,46 @@
-"""Attention kernels over already-rotated queries and keys, with optional document masking.
+"""Attention kernels over already-rotated queries and keys, with optional document masking and windows.
 
 A packed window holds several documents; ``doc_ids`` (B, T) names the document of every token
 (any integers; a new segment starts wherever the id changes along a row). With a document mask
 a token attends causally and only to earlier tokens of its own segment.
 
+An attention window (`ropelab.attention_windows`) narrows that further: ``("sliding", W)`` lets a
+query see itself and the W - 1 tokens before it, ``("chunked", C)`` only the earlier tokens of its
+own block of C (token indices within the row, not position ids). A key is visible iff it is causal,
+in the query's document and inside its window. A window of at least T tokens is full attention.
+
 Backends (``attention.backend``):
-  * ``sdpa``   – no document mask: plain causal scaled_dot_product_attention;
+  * ``sdpa``   – no document mask: plain causal scaled_dot_product_attention, or with a window one
+                 (T x T) window mask;
   * ``dense``  – the reference: SDPA with a dense boolean (T x T) mask per row, so its cost grows
                  with the window length squared whatever the documents;
   * ``varlen`` – segments are gathered into batches of similar length and run as ordinary causal
                  SDPA calls, so cost grows with the sum of squared segment lengths. Lengths are
                  rounded up to one of four sizes per power of two (at most 1/4 padding); padding
                  goes after a segment's last token, where a causal mask keeps it out of every
-                 real token's view, so no mask is needed and results match the reference exactly;
-  * ``flex``   – FlexAttention with a block mask built from ``doc_ids``, compiled on CUDA, eager
-                 elsewhere (torch has no CPU backward for it, so on CPU it serves inference only).
-                 The CPU forward is tested; the CUDA compiled path is not exercised by the test
-                 suite (no GPU in CI);
-  * ``auto``   – ``sdpa`` without document ids, ``flex`` with them on CUDA, ``varlen`` otherwise.
+                 real token's view, so no mask is needed and results match the reference exactly.
+                 A sliding window only depends on i - j, so each group attends as a batch without
+                 documents (``local`` where cheaper); chunked attention is document masking over
+                 segments cut at every C-th token;
+  * ``flex``   – FlexAttention with a block mask built from ``doc_ids`` and the window, compiled on
+                 CUDA, eager elsewhere (torch has no CPU backward for it, so on CPU it serves
+                 inference only). The CPU forward is tested; the CUDA compiled path is not exercised
+                 by the test suite (no GPU in CI);
+  * ``local``  – windows only: query blocks attend to the keys their window spans, one batched SDPA
+                 call, cost O(T * (block + W)) (`attention_windows.local_attention`); with
+                 ``doc_ids`` every block's small mask also compares documents. Full-attention layers
+                 run what ``auto`` picks;
+  * ``auto``   – without document ids ``sdpa``, or ``local`` for a window when that is cheaper; with
+                 them ``flex`` on CUDA, ``varlen`` otherwise.
 
 `Documents` derives the boundaries once per forward pass (the model wraps ``doc_ids`` before its
-first layer), so layers share the dense mask, the varlen grouping or the flex block mask.
+first layer), so layers share the dense mask, the varlen grouping or the flex block mask, one of
+each per window.
 
 With a key/value cache there are fewer queries than keys: the queries are the last tokens, the keys
 all tokens so far (``doc_ids`` covers the keys). Then every backend is SDPA with a dense mask,
-causal from the queries' offset (and within one document given ``doc_ids``): one new token at a time
-that mask is a single row.
+causal from the queries' offset (and within one document given ``doc_ids`` and the window), over
+the keys from the first one a query can see: one new token at a time that mask is a single row.
 """
 
 from __future__ import annotations
@@ -34,14 +49,11 @@ import importlib.util
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 
-BACKENDS = ("auto", "sdpa", "dense", "varlen", "flex")
+from ropelab.attention_windows import (Window, check_window, first_key, local_attention, local_is_cheaper, sdpa,
+                                       visible, window_mask)
 
-
-def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor:
-    """(queries, keys) boolean mask for the last `queries` of `keys` tokens: each sees itself and earlier tokens."""
-    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
+BACKENDS = ("auto", "sdpa", "dense", "varlen", "flex", "local")
 
 
 def document_mask(doc_ids: torch.Tensor, queries: Optional[int] = None) -> torch.Tensor:
@@ -50,7 +62,7 @@ def document_mask(doc_ids: torch.Tensor, queries: Optional[int] = None) -> torch
     T = doc_ids.shape[-1]
     Q = T if queries is None else queries
     same_doc = doc_ids[:, T - Q:].unsqueeze(-1) == doc_ids.unsqueeze(-2)
-    return (same_doc & causal_mask(Q, T, doc_ids.device)).unsqueeze(1)
+    return (same_doc & window_mask(Q, T, None, doc_ids.device)).unsqueeze(1)
 
 
 def bucket_lengths(lengths: torch.Tensor) -> torch.Tensor:
@@ -130,13 +142,15 @@ class _Reindex(torch.autograd.Function):
 
 
 class Documents:
-    """Document ids of a batch and, computed on first use, what each backend derives from them."""
+    """Document ids of a batch and, computed on first use, what each backend derives from them
+    (masks and block masks one per window, so layers with different windows share one instance)."""
 
     def __init__(self, doc_ids: torch.Tensor):
         self.doc_ids = doc_ids
-        self._mask: Optional[torch.Tensor] = None
+        self._masks: dict[Window, torch.Tensor] = {}
         self._plan: Optional[VarlenPlan] = None
-        self._block_mask = None
+        self._block_masks: dict[Window, object] = {}
+        self._chunked: dict[int, Documents] = {}
 
     def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat start index and length of every segment (runs of equal ids within a row)."""
@@ -152,10 +166,24 @@ class Documents:
         starts, _ = self.segments()
         return torch.cat([starts, starts.new_tensor([self.doc_ids.numel()])]).to(torch.int32)
 
-    def mask(self) -> torch.Tensor:
-        if self._mask is None:
-            self._mask = document_mask(self.doc_ids)
-        return self._mask
+    def mask(self, window: Window = None) -> torch.Tensor:
+        if window not in self._masks:
+            mask = document_mask(self.doc_ids)
+            if window is not None:
+                T = self.doc_ids.shape[1]
+                mask = mask & window_mask(T, T, window, mask.device)
+            self._masks[window] = mask
+        return self._masks[window]
+
+    def chunked(self, size: int) -> Documents:
+        """These documents cut again at every `size`-th token of a row: causal attention within the
+        resulting segments is chunked attention within documents."""
+        if size not in self._chunked:
+            ids = self.doc_ids
+            starts = (torch.arange(ids.shape[1], device=ids.device) % size == 0).expand_as(ids).clone()
+            starts[:, 1:] |= ids[:, 1:] != ids[:, :-1]
+            self._chunked[size] = Documents(starts.cumsum(1))
+        return self._chunked[size]
 
     def plan(self) -> VarlenPlan:
         if self._plan is None:
@@ -163,26 +191,23 @@ class Documents:
             self._plan = VarlenPlan(starts, lengths, self.doc_ids.numel())
         return self._plan
 
-    def block_mask(self, q_len: int, device: torch.device):
-        if self._block_mask is None:
+    def block_mask(self, q_len: int, device: torch.device, window: Window = None):
+        if window not in self._block_masks:
             from torch.nn.attention.flex_attention import create_block_mask
 
             ids = self.doc_ids
 
-            def same_document_causal(b, h, q_idx, kv_idx):
-                return (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
+            def same_document_in_window(b, h, q_idx, kv_idx):
+                return (ids[b, q_idx] == ids[b, kv_idx]) & visible(q_idx, kv_idx, window)
 
-            self._block_mask = create_block_mask(same_document_causal, ids.shape[0], None, q_len, q_len, device=device)
-        return self._block_mask
-
-
-def _sdpa(q, k, v, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-    if k.shape[1] != q.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+            self._block_masks[window] = create_block_mask(same_document_in_window, ids.shape[0], None, q_len, q_len,
+                                                          device=device)
+        return self._block_masks[window]
 
 
-def _varlen(q, k, v, docs: Documents) -> torch.Tensor:
+def _varlen(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
+    if window is not None and window[0] == "chunked":
+        return _varlen(q, k, v, docs.chunked(window[1]), None)
     B, H, T, D = q.shape
     plan = docs.plan()
 
@@ -198,7 +223,8 @@ def _varlen(q, k, v, docs: Documents) -> torch.Tensor:
         pieces = slots.split([rows * heads * length for rows, length in plan.shapes])
         return [p.view(rows, heads, length, D) for p, (rows, length) in zip(pieces, plan.shapes)]
 
-    outputs = [_sdpa(qg, kg, vg, None, True) for qg, kg, vg in zip(groups(q), groups(k), groups(v))]
+    # a sliding window only depends on i - j, so within a group it is the same for every segment
+    outputs = [attend(qg, kg, vg, window=window) for qg, kg, vg in zip(groups(q), groups(k), groups(v))]
     if plan.identity:
         out = torch.cat([y.transpose(1, 2).reshape(-1, H, D) for y in outputs])
     else:
@@ -210,7 +236,7 @@ def _varlen(q, k, v, docs: Documents) -> torch.Tensor:
 _compiled_flex = None
 
 
-def _flex(q, k, v, docs: Documents) -> torch.Tensor:
+def _flex(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -219,18 +245,25 @@ def _flex(q, k, v, docs: Documents) -> torch.Tensor:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         kernel = _compiled_flex
-    return kernel(q, k, v, block_mask=docs.block_mask(q.shape[2], q.device), enable_gqa=k.shape[1] != q.shape[1])
+    block_mask = docs.block_mask(q.shape[2], q.device, window)
+    return kernel(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def flex_available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
-def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Documents]], device: torch.device) -> str:
-    """The backend `attend` runs: 'sdpa', 'dense', 'varlen' or 'flex'."""
+def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Documents]], device: torch.device,
+                    window: Window = None, tokens: int = 0) -> str:
+    """The backend `attend` runs for `tokens` queries and keys: 'sdpa', 'dense', 'varlen', 'flex' or 'local'.
+    `window` as `check_window` returns it (None where it hides nothing)."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "local" and window is None:
+        backend = "auto"
     if doc_ids is None:
+        if backend == "local" or (backend == "auto" and window is not None and local_is_cheaper(window, tokens)):
+            return "local"
         return "sdpa"
     if backend != "auto":
         return backend
@@ -243,21 +276,30 @@ def attend(
     v: torch.Tensor,
     doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
     backend: str = "auto",
+    window: Window = None,
 ) -> torch.Tensor:
     """q (B, Hq, Tq, D), k/v (B, Hk, T, D), optional doc_ids (B, T) or `Documents` -> (B, Hq, Tq, D).
 
+    `window`: None (full causal attention), ("sliding", W) or ("chunked", C).
     Tq < T with a key/value cache: the queries are the last Tq of the T tokens."""
-    chosen = resolve_backend(backend, doc_ids, q.device)
     Tq, T = q.shape[2], k.shape[2]
+    window = check_window(window, T)
+    chosen = resolve_backend(backend, doc_ids, q.device, window, T)
+    ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
     if Tq != T:
-        ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
-        mask = causal_mask(Tq, T, q.device) if ids is None else document_mask(ids, Tq)
-        return _sdpa(q, k, v, mask, False)
+        first = first_key(window, T - Tq)
+        mask = window_mask(Tq, T, window, q.device, first)
+        if ids is not None:
+            mask = document_mask(ids, Tq)[..., first:] & mask
+        return sdpa(q, k[:, :, first:], v[:, :, first:], mask, False)
     if chosen == "sdpa":
-        return _sdpa(q, k, v, None, True)
+        mask = None if window is None else window_mask(T, T, window, q.device)
+        return sdpa(q, k, v, mask, mask is None)
+    if chosen == "local":
+        return local_attention(q, k, v, window, ids)
     docs = doc_ids if isinstance(doc_ids, Documents) else Documents(doc_ids)
     if chosen == "dense":
-        return _sdpa(q, k, v, docs.mask(), False)
+        return sdpa(q, k, v, docs.mask(window), False)
     if chosen == "flex":
-        return _flex(q, k, v, docs)
-    return _varlen(q, k, v, docs)
+        return _flex(q, k, v, docs, window)
+    return _varlen(q, k, v, docs, window)

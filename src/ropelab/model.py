@@ -6,6 +6,7 @@ S tokens held by a key/value cache (generation), before this forward's T.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from typing import Optional
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
+from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_linear
 from ropelab.rope.embedding import RotaryEmbedding
@@ -75,6 +77,15 @@ class KVCache:
         return self.keys[layer], self.values[layer]
 
 
+def query_temperature(q: torch.Tensor, position_ids: torch.Tensor, temperature: QueryTemperature) -> torch.Tensor:
+    """q (B, H, T, D) times Llama 4's NoPE temperature at each token's position (B, T): computed in fp32
+    and rounded back to q's dtype, as HF's `Llama4TextAttention` does (it counts positions from the
+    cache length; these are the model's position ids, equal to those unless positions restart)."""
+    positions = position_ids.float()
+    scale = torch.log1p(torch.floor((positions + 1.0) / temperature.floor_scale)) * temperature.attn_scale + 1.0
+    return (q * scale[:, None, :, None]).to(q.dtype)  # (B, 1, T, 1) over heads and channels
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding, layer: int):
         super().__init__()
@@ -89,6 +100,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else nn.Identity()
         self.rope = rope
+        kind = config.layer_kind(layer)
+        self.window = None if kind.attention == "full" else (kind.attention, kind.window)
+        self.temperature = kind.temperature  # only on NoPE layers (`ModelConfig.validate`)
         self.backend = "auto"
 
     def forward(
@@ -105,10 +119,12 @@ class Attention(nn.Module):
         q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, K, T, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        if self.temperature is not None:  # before the (identity) RoPE of a NoPE layer, so RoPE hooks see it
+            q = query_temperature(q, position_ids, self.temperature)  # (B, H, T, D)
         q, k = self.rope(q, k, position_ids)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v, self.layer)  # (B, K, S + T, D)
-        y = attend(q, k, v, doc_ids, self.backend)  # (B, H, T, D)
+        y = attend(q, k, v, doc_ids, self.backend, window=self.window)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -179,8 +195,8 @@ class Transformer(nn.Module):
         for layer in range(config.n_layer):
             rope_config = config.rope_for_layer(layer)
             key = repr(dataclasses.astuple(rope_config))
-            if key not in ropes:
-                ropes[key] = RotaryEmbedding(rope_config, config.head_size, config.kv_heads)
+            if key not in ropes:  # its own copy: switching a phase's theta changes the module, not `config`
+                ropes[key] = RotaryEmbedding(copy.deepcopy(rope_config), config.head_size, config.kv_heads)
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
@@ -253,22 +269,48 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ RoPE controls
 
     def set_rope_theta(self, theta: float) -> None:
+        """One theta for every layer."""
         for rope in self.ropes:
             rope.set_theta(theta)
         self.config.rope.theta = float(theta)
 
+    def set_rope(self, config: ModelConfig) -> None:
+        """Each layer's RoPE theta and scaling as `config` (e.g. a phase's) gives them: `model.rope`, then
+        its layer kind's and its `model.rope_layers` entry's. NoPE layers have neither."""
+        self._set_layer_ropes(config, ("theta", "scaling"))
+        self.config.rope.theta = config.rope.theta
+        self.config.rope.scaling = config.rope.scaling
+        self.config.layer_kinds = copy.deepcopy(config.layer_kinds)
+        self.config.rope_layers = copy.deepcopy(config.rope_layers)
+
     def set_rope_scaling(self, config: ModelConfig) -> None:
-        """Each layer's RoPE scaling as `config` (e.g. a phase's) gives it, as `set_rope_theta` sets theta;
-        NoPE layers have none. Layers sharing one RotaryEmbedding must get the same scaling."""
-        wanted: dict[int, tuple] = {}
+        """Each layer's RoPE scaling as `config` gives it, as `set_rope` (theta stays)."""
+        self._set_layer_ropes(config, ("scaling",))
+        self.config.rope.scaling = config.rope.scaling
+
+    def _set_layer_ropes(self, config: ModelConfig, keys: tuple[str, ...]) -> None:
+        """Sets `keys` of every rotating layer's RotaryEmbedding to its `config.rope_for_layer` values.
+        Layers that shared a module but now differ get one each (e.g. a phase raising one kind's theta)."""
+        serving: dict[tuple, RotaryEmbedding] = {}  # (module built with, wanted settings) -> module now
+        taken: set[int] = set()  # modules already serving some settings
         for layer, block in enumerate(self.blocks):
             rope = block.attn.rope
-            scaling = config.rope_for_layer(layer).scaling if rope.rotary_dims else None
-            if wanted.setdefault(id(rope), (rope, scaling))[1] != scaling:
-                raise ValueError(f"layer {layer}: shares its RoPE module with an earlier layer but gets another scaling")
-        for rope, scaling in wanted.values():
-            rope.set_scaling(scaling)
-        self.config.rope.scaling = config.rope.scaling
+            if not rope.rotary_dims:
+                continue
+            wanted = config.rope_for_layer(layer)
+            settings = tuple(repr(getattr(wanted, key)) for key in keys)
+            if (id(rope), settings) not in serving:
+                module = rope
+                if id(rope) in taken:
+                    module = RotaryEmbedding(copy.deepcopy(rope.config), rope.head_dim, rope.kv_heads)
+                    module.inplace = rope.inplace
+                    self.ropes.append(module)
+                taken.add(id(rope))
+                if "theta" in keys:
+                    module.set_theta(wanted.theta)
+                module.set_scaling(wanted.scaling)
+                serving[id(rope), settings] = module
+            block.attn.rope = serving[id(rope), settings]
 
     def set_attention_backend(self, backend: str) -> None:
         for block in self.blocks:
@@ -297,13 +339,16 @@ class Transformer(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, PaLM's formula: 6N + 12 * layers * heads * head_dim * seq_len.
+        """Training FLOPs per token, PaLM's formula: 6N + 12 * layers * heads * head_dim * seq_len, where
+        a layer with a sliding or chunked window counts min(seq_len, window) instead of seq_len.
 
         N counts the weights used in matrix products: the input embedding is a lookup, so an
         untied embedding matrix is left out."""
         c = self.config
         matmul_params = self.num_params() - (0 if c.tie_embeddings else self.embed.weight.numel())
-        return 6 * matmul_params + 12 * c.n_layer * c.n_head * c.head_size * seq_len
+        attended = sum(seq_len if block.attn.window is None else min(seq_len, block.attn.window[1])
+                       for block in self.blocks)
+        return 6 * matmul_params + 12 * c.n_head * c.head_size * attended
 
     def mfu(self, tokens_per_second: float, seq_len: int, peak_flops: float) -> float:
         """Model FLOPs utilisation: achieved training FLOP/s over the device's peak."""

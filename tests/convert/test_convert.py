@@ -1,5 +1,6 @@
 """`ropelab convert` on a tiny full-RoPE run: the folder, its record, export, recovery by KD, bad input."""
 
+import dataclasses
 import json
 import re
 
@@ -11,6 +12,7 @@ from ropelab.config import ConfigError, build_run_config
 from ropelab.convert import convert_model
 from ropelab.convert.run import HEATMAP, RECORD
 from ropelab.export.hf import export_hf
+from ropelab.model import Transformer
 from ropelab.sources import load
 from ropelab.train.loop import train
 
@@ -125,3 +127,44 @@ def test_a_converted_folder_still_loads_after_it_is_moved(run, tmp_path):
     loaded = load(tmp_path / "there")
     assert loaded.config.data.tokenizer == str((tmp_path / "there" / "tokenizer.json").resolve())
     assert loaded.tokenizer.fingerprint() == load(run).tokenizer.fingerprint()
+
+
+def test_a_layer_kind_turned_nope_gives_the_logits_of_that_layout_built_directly(run, tmp_path):
+    from ropelab.config import LayerKind
+
+    layout = ["model.layer_pattern=LG", "model.layer_kinds={L: {}, G: {rope: none}}"]
+    record = convert_model(str(run), tmp_path / "nope", [*layout, *QUICK], log=lambda _: None)
+    assert record["keep_pairs_per_kind"] == {"L": 8, "G": 0} and record["pairs"][1] == [[], []]
+    converted = load(tmp_path / "nope").model.eval()
+    source = load(run).model
+    config = dataclasses.replace(source.config, layer_pattern="LG", layer_kinds={"L": LayerKind(), "G": LayerKind(rope="none")})
+    direct = Transformer(config).eval()
+    direct.load_state_dict(source.state_dict())
+    assert [block.attn.rope.rotary_dims for block in converted.blocks] == [16, 0]
+    ids = torch.randint(0, 250, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids)[0], direct(ids)[0], rtol=0, atol=0)
+        assert not torch.allclose(converted(ids)[0], source.eval()(ids)[0], atol=1e-4)
+
+
+def test_a_layer_kind_keeps_its_own_plan_and_the_others_keep_the_runs(run, tmp_path):
+    layout = ["model.layer_pattern=LG", "model.layer_kinds={L: {}, G: {rope: {keep_pairs: 2, select: high}}}"]
+    record = convert_model(str(run), tmp_path / "plan", ["rope.keep_pairs=6", "rope.select=low", *layout, *QUICK],
+                           log=lambda _: None)
+    assert record["keep_pairs_per_kind"] == {"L": 6, "G": 2}
+    assert record["pairs"] == [[[2, 3, 4, 5, 6, 7]] * 2, [[0, 1]] * 2]  # of 8 pairs: the run's 6 slowest, G's 2 fastest
+    assert [block.attn.rope.rotary_dims for block in load(tmp_path / "plan").model.blocks] == [12, 4]
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["model.layer_kinds={G: {rope: none}}"], r"model.layer_pattern=None: must be a non-empty string"),
+    (["model.layer_pattern=LX", "model.layer_kinds={L: {}}"], "layer kind 'X' is not in model.layer_kinds"),
+    (["model.layer_pattern=LG", "model.layer_kinds={L: {}, G: {temperature: {attn_scale: 0.1}}}"],
+     "model.layer_kinds.G.temperature: only for NoPE layers"),
+])
+def test_a_bad_layout_stops_in_one_line_before_writing(run, tmp_path, capsys, settings, message):
+    out = tmp_path / "never"
+    assert main(["convert", str(run), "--out", str(out), *settings, *QUICK]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not out.exists()

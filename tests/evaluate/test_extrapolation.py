@@ -150,3 +150,17 @@ def test_cli_runs_from_a_config_and_reports_mistakes_in_one_line(run, tmp_path, 
                  str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "methods=none,rope" in err
+
+
+def test_a_scaled_config_scales_every_rotating_layer_kind_and_no_nope_one():
+    from ropelab.config import LayerKind, ModelConfig
+    from ropelab.evaluate.extrapolation import scaled_config
+
+    config = ModelConfig(vocab_size=64, n_layer=3, d_model=64, n_head=2, layer_pattern="LGN", layer_kinds={
+        "L": LayerKind(attention="sliding", window=8), "N": LayerKind(rope="none"),
+        "G": LayerKind(rope={"theta": 1e6, "scaling": {"method": "linear", "factor": 2.0}})})
+    yarn = RopeScalingConfig(method="yarn", factor=4.0, original_max_position=32)
+    scaled = scaled_config(config, yarn, "methods=yarn")
+    assert [scaled.rope_for_layer(layer).scaling for layer in range(3)] == [yarn, yarn, yarn]
+    assert scaled.rope_for_layer(1).theta == 1e6 and scaled.rope_for_layer(2).resolve_dims(32) == 0
+    assert config.layer_kinds["G"].rope["scaling"]["method"] == "linear"  # the model's own config is left alone

@@ -33,7 +33,7 @@ CASES = {  # none has a native transformers class
     "truncate": dict(rope=RopeConfig(fraction=0.5, style="truncate"), attn_bias=True),
     "parallel_qk_norm": dict(GPT_NEOX_LIKE, qk_norm=True, rope=RopeConfig(fraction=0.25)),
     "gqa_partial": dict(n_kv_head=2, rope=RopeConfig(fraction=0.5), qk_norm=True),
-    "per_layer_nope": dict(rope=RopeConfig(fraction=1.0), rope_layers={1: {"fraction": 0.0}}),
+    "per_layer_nope": dict(rope=RopeConfig(fraction=1.0), rope_layers={1: {"fraction": 0.0}}, qk_norm=True),
 }
 
 

@@ -138,3 +138,26 @@ def test_window_longer_than_the_model_is_refused_or_with_a_scaling_warned_about(
     assert warnings == ["ropelab: warning: linear: the probe window, 4 repeats x 16 tokens = 64, is longer than the "
                         "model's model.max_seq_len=48; probed with its RoPE scaling"]
     assert (tmp_path / "b" / "probe.json").is_file()
+
+
+def test_a_layer_pattern_is_reported_per_layer_kind(probed, tmp_path):
+    from probe_helpers import tiny_model
+
+    layout = ("model.n_layer=4", "model.layer_pattern=LLLG",
+              "model.layer_kinds={L: {attention: sliding, window: 12}, G: {rope: none}}")
+    run = write_run(tmp_path / "run", tiny_model(0, *layout), tiny_config(*layout))
+    config = ProbeConfig(block_len=16, repeats=3, stages=("q_pre", "block"), progress=False)
+    meta = run_probe([str(run)], tmp_path / "out", config)
+    described = meta["checkpoints"][0]
+    assert described["layer_pattern"] == "LLLG"
+    assert [(r["layer"], r["kind"], r["rotary_dims"]) for r in described["rope"]] == [
+        (0, "L", 8), (1, "L", 8), (2, "L", 8), (3, "G", 0)]
+    found = json.loads((tmp_path / "out/run/causal-fp32-running/metrics.json").read_text())
+    kinds, captures = found["layer_kinds"], found["captures"]
+    assert kinds["L"]["layers"] == [0, 1, 2] and kinds["G"]["layers"] == [3]
+    assert kinds["L"]["block"]["mean_relative_l2"] == pytest.approx(
+        np.mean([captures[f"block.{layer}"]["mean_relative_l2"] for layer in (0, 1, 2)]))
+    assert kinds["G"]["q_pre"] == {key: captures["q_pre.3"][key] for key in ("mean_relative_l2", "mean_cosine_distance")}
+    plain = json.loads((probed / "probe.json").read_text())["checkpoints"][0]
+    assert "layer_pattern" not in plain and "kind" not in plain["rope"][0]
+    assert "layer_kinds" not in json.loads((probed / "phase1/causal-fp32-running/metrics.json").read_text())

@@ -2,9 +2,10 @@ import pytest
 import torch
 
 from ropelab.cli import main
-from ropelab.config import ConfigError, ModelConfig, RopeConfig
+from ropelab.config import ConfigError, LayerKind, ModelConfig, RopeConfig
 from ropelab.model import Transformer
-from ropelab.study.memory import cache_bytes, memory_table, parse_entry, per_head_angles, rotary_dims_for
+from ropelab.study.memory import cache_bytes, layer_kind_memory, memory_table, parse_entry, per_head_angles
+from ropelab.study.memory import rotary_dims_for
 
 
 @pytest.mark.parametrize("fraction", [0.0, "2ch", 0.1, 0.25, 1.0])
@@ -90,3 +91,46 @@ def test_memory_command_reports_plans_and_what_per_head_plans_form(capsys, tmp_p
     lines = (tmp_path / "memory.csv").read_text().splitlines()
     assert "llama-3.2-1b,pairs:4,8,2048,8,65536,8192,65536,8192" in lines
     assert main(["memory", "--presets", "llama-3.2-1b", "--fractions", "pairs:40"]) == 2
+
+
+def _layout() -> ModelConfig:
+    # head_dim 32 (16 pairs), 2 KV heads: one token's keys and values in one layer are 2 x 2 x 32 x 2 = 256 bf16 bytes
+    return ModelConfig(vocab_size=64, n_layer=8, d_model=128, n_head=4, n_kv_head=2, d_ff=32, layer_pattern="SSCG",
+                       layer_kinds={"S": LayerKind(attention="sliding", window=100),
+                                    "C": LayerKind(rope={"theta": 1e6}, attention="chunked", window=64),
+                                    "G": LayerKind(rope="none")})
+
+
+def test_layer_kind_rows_hold_tables_of_the_rope_layers_and_a_kv_cache_bounded_by_windows():
+    rows = {r["kind"]: r for r in layer_kind_memory(_layout(), 300)}
+    assert [rows[k]["layers"] for k in "SCG"] == [[0, 1, 4, 5], [2, 6], [3, 7]]
+    assert [rows[k]["rotary_dims"] for k in "SCG"] == [[32], [32], [0]]
+    # one fp32 table per distinct RoPE setting: cos + sin, 300 positions x 16 pairs x 4 bytes; NoPE none
+    assert [rows[k]["rope_table_bytes"] for k in "SCG"] == [38_400, 38_400, 0]
+    # keys and values of the last 100 tokens (sliding), a chunk of 64 (chunked), all 300 (full)
+    assert [rows[k]["kv_cache_bytes"] for k in "SCG"] == [4 * 100 * 256, 2 * 64 * 256, 2 * 300 * 256]
+    short = {r["kind"]: r["kv_cache_bytes"] for r in layer_kind_memory(_layout(), 50, "fp32")}
+    assert short == {"S": 4 * 50 * 512, "C": 2 * 50 * 512, "G": 2 * 50 * 512}  # windows longer than the sequence
+
+
+def test_layer_kind_tables_equal_the_models_allocation():
+    config = _layout()
+    model = Transformer(config)
+    model(torch.zeros(1, 300, dtype=torch.long))
+    assert model.rope_cache_bytes() == sum(r["rope_table_bytes"] for r in layer_kind_memory(config, 300))
+
+
+def test_a_model_without_a_pattern_is_one_row():
+    (row,) = layer_kind_memory(ModelConfig.from_name("llama-3.2-1b"), 2048)
+    assert row["kind"] == "-" and row["layers"] == list(range(16)) and row["attention"] == "full"
+    assert row["kv_cache_bytes"] == 16 * 2 * 8 * 64 * 2048 * 2 and row["rope_table_bytes"] == cache_bytes(2048, 64)
+
+
+def test_memory_command_prints_a_configs_layer_kinds(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {preset: tiny-llama, layer_pattern: LLLG, layer_kinds: {L: {attention: sliding, window: 64}, "
+                    "G: {rope: none, temperature: {floor_scale: 8192, attn_scale: 0.1}}}}\n")
+    assert main(["memory", "--presets", "tiny-llama", "--fractions", "1", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    # tiny-llama: head_dim 64, 1 KV head; at 8,192 tokens: L holds 3 x 64 tokens x 256 bytes
+    assert "sliding 64" in out and "49,152 B" in out and "0,1,2" in out

@@ -80,6 +80,7 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
                                        "(a plan keeping R frequency pairs per KV head, the same in every KV head) "
                                        "(default 0,2ch,0.1,0.25,0.5,0.75,1)")
     p.add_argument("--out", help="folder for memory.csv and memory.png")
+    p.add_argument("--config", help="a run config YAML: also its cos/sin tables and key/value cache per layer kind")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -119,6 +120,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
             print(f"  {name}: " + ", ".join(f"R={keep}: {per_head_angles(config, keep)} angles, "
                                              f"{8 * per_head_angles(config, keep)} bytes per token per layer"
                                              for keep in plans))
+    if args.config:
+        _print_layer_kinds(args.config, args.dtype)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "memory.csv", "w", newline="") as f:
@@ -128,6 +131,25 @@ def cmd_memory(args: argparse.Namespace) -> int:
         plot_memory(rows, out / "memory.png")
         print(f"wrote {out / 'memory.csv'} and {out / 'memory.png'}")
     return 0
+
+
+def _print_layer_kinds(path: str, dtype: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.config import build_run_config, load_yaml
+    from ropelab.study.memory import layer_kind_memory
+
+    model = build_run_config(load_yaml(path)).model
+    table = Table(title=f"{path}: per layer kind, fp32 cos/sin tables and the {dtype} key/value cache of one sequence")
+    for col in ("seq_len", "kind", "layers", "attention", "rotary dims", "cos/sin tables", "KV cache"):
+        table.add_column(col, justify="right")
+    for seq_len in sorted({n for n in (2048, 131072) if n < model.max_seq_len} | {model.max_seq_len}):
+        for r in layer_kind_memory(model, seq_len, dtype):
+            window = "" if r["window"] is None else f" {r['window']:,}"
+            table.add_row(f"{seq_len:,}", r["kind"], ",".join(map(str, r["layers"])), r["attention"] + window,
+                          ",".join(map(str, r["rotary_dims"])), f"{r['rope_table_bytes']:,} B", f"{r['kv_cache_bytes']:,} B")
+    Console().print(table)
 
 
 def _add_rope_base(p: argparse.ArgumentParser) -> None:

@@ -68,10 +68,11 @@ class LayerKind:
         return self.rope == "none"
 
     def rope_override(self) -> dict:
-        """The RoPE keys this kind lays over `model.rope` (``{fraction: 0}`` for ``none``)."""
+        """The RoPE keys this kind lays over `model.rope`; for ``none``, no rotated channel and no scaling
+        (whatever `model.rope` sets for the RoPE layers)."""
         if self.rope is None:
             return {}
-        return {"fraction": 0.0} if self.nope else dict(self.rope)
+        return {"fraction": 0.0, "rotary_dims": None, "scaling": None} if self.nope else dict(self.rope)
 
     def validate(self, key: str) -> None:
         if isinstance(self.rope, str) and self.rope != "none":

@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional
 from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.layout import LayerKind, check_pattern
+from ropelab.config.layout_presets import LAYOUT_PRESETS
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError
 
@@ -72,6 +73,8 @@ class ModelConfig:
             # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
             if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
                 merged.update(dict.fromkeys(PLAN_KEYS))
+            if "fraction" in override and "rotary_dims" not in override:  # a fraction replaces a channel count
+                merged["rotary_dims"] = None
             merged, where = merged | dict(override), key
         return self.rope if where is None else from_dict(RopeConfig, merged, where)
 
@@ -115,6 +118,15 @@ class ModelConfig:
             if rotated:
                 raise ConfigError(f"{where}: only for NoPE layers (Llama 4 scales the queries of the layers without "
                                   f"rotation), but layer {layer} rotates {rotated} channels; set rope: none")
+
+    def check_windows(self, seq_len: int) -> None:
+        """Each windowed layer kind's window fits the longest training window `seq_len` (data.seq_len, or
+        its longest phase): a larger one would be full attention under another name."""
+        for name, kind in self.layer_kinds.items():
+            if kind.window is not None and kind.window > seq_len and name in (self.layer_pattern or ""):
+                raise ConfigError(f"model.layer_kinds.{name}.window={kind.window}: larger than the longest training "
+                                  f"window data.seq_len={seq_len}; use a window of at most {seq_len} tokens or "
+                                  "attention: full")
 
     def _rope_key(self, layer: int) -> str:
         if self.rope_layers.get(layer) or self.rope_layers.get(str(layer)):
@@ -163,3 +175,5 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # assumption: with it the model has the reported ~1.08B parameters.
     "mobilellm-pro-1b": _llama("mobilellm-pro-1b", 30, 1280, 20, 4, 6144, 202_048, True, 10_000.0, max_seq_len=131_072),
 }
+# Released hybrid layouts (Llama 4, SmolLM3, Command A, Gemma 3 and 4): `ropelab.config.layout_presets`.
+MODEL_PRESETS.update({name: from_dict(ModelConfig, spec, name) for name, spec in LAYOUT_PRESETS.items()})

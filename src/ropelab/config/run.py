@@ -4,6 +4,7 @@ and `RunConfig`, which gathers them with the model's."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -76,7 +77,8 @@ class PhaseConfig:
     long-context one). `overrides` are dotted keys applied to the run's config for this phase:
     data.*, attention.*, train.* (optimiser and schedule; the LR schedule restarts at each phase),
     model.rope.theta, model.rope.scaling (and its sub-keys: switch context extension on, or change its
-    factor) and model.max_seq_len. Weights and optimizer state carry over."""
+    factor), the same two of a layer kind (model.layer_kinds.G.rope.theta) and model.max_seq_len. Weights
+    and optimizer state carry over."""
 
     name: str = ""
     steps: Optional[int] = None
@@ -93,11 +95,13 @@ class PhaseConfig:
         check_ints(key, self, ("steps",))
         check_ints(key, self, ("tokens",), high=TOKENS_MAX)
         for name in self.overrides:
-            allowed = name in self.MODEL_KEYS or name.startswith("model.rope.scaling.")
+            allowed = name in self.MODEL_KEYS or name.startswith("model.rope.scaling.") or bool(
+                re.fullmatch(r"model\.layer_kinds\.[^.]+\.rope\.(theta|scaling(\..+)?)", name))
             if name in self.FIXED_KEYS or (name.startswith("model.") and not allowed):
                 raise ConfigError(
                     f"{key}.overrides.{name}: fixed for the whole run; a phase may change data.*, attention.*, "
-                    f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)} (and its sub-keys)"
+                    f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)} (and its sub-keys; "
+                    "a layer kind's rope.theta and rope.scaling too)"
                 )
 
 

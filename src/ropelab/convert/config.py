@@ -1,4 +1,5 @@
-"""Settings of `ropelab convert`: which pairs to keep, the calibration data and the held-out check."""
+"""Settings of `ropelab convert`: which pairs to keep, the per-layer layout, the calibration data and the
+held-out check."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ropelab.config import ConfigError, from_dict, parse_override, set_dotted
+from ropelab.config import ConfigError, LayerKind, from_dict, parse_override, set_dotted
 from ropelab.config.checks import SEED_MAX, TOKENS_MAX, check_ints
 from ropelab.rope.pairs import STRATEGIES
 
@@ -20,6 +21,21 @@ class PlanConfig:
     keep_pairs: Optional[int] = None
     select: str = "2-norm"
     pairs: Optional[list] = None
+
+
+@dataclass
+class LayoutConfig:
+    """The converted model's layer kinds, as `model.layer_pattern` and `model.layer_kinds` of a run config
+    (`ropelab.config.layout`); the pattern stays the source's when only kinds are given. A kind with
+    ``rope: none`` stops rotating (the same weights, NoPE), one with ``rope: {keep_pairs: 4, select: high}``
+    keeps its own plan; layers of kinds without `rope` take `rope` above."""
+
+    layer_pattern: Optional[str] = None
+    layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
+
+    @property
+    def given(self) -> bool:
+        return self.layer_pattern is not None or bool(self.layer_kinds)
 
 
 @dataclass
@@ -46,6 +62,7 @@ class HeldOutConfig:
 @dataclass
 class ConvertConfig:
     rope: PlanConfig = field(default_factory=PlanConfig)
+    model: LayoutConfig = field(default_factory=LayoutConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
 
@@ -59,8 +76,10 @@ class ConvertConfig:
                 raise ConfigError("rope.select=list: give the pairs as rope.pairs (one entry per layer)")
         elif plan.pairs is not None:
             raise ConfigError(f"rope.pairs: only with rope.select=list (rope.select={plan.select} chooses them)")
-        elif plan.keep_pairs is None:
-            raise ConfigError(f"rope.keep_pairs: required (how many of the {n_pairs} pairs per KV head to keep)")
+        elif plan.keep_pairs is None:  # with model.layer_kinds: no plan, the other layers keep full RoPE
+            if not self.model.given:
+                raise ConfigError(f"rope.keep_pairs: required (how many of the {n_pairs} pairs per KV head to keep), "
+                                  "unless model.layer_kinds changes only some layers")
         elif isinstance(plan.keep_pairs, bool) or not 0 <= plan.keep_pairs <= n_pairs:
             raise ConfigError(f"rope.keep_pairs={plan.keep_pairs}: must be an integer in 0..{n_pairs} "
                               f"(head_dim {head_dim} has {n_pairs} pairs)")
@@ -79,4 +98,4 @@ def convert_config(tree: Optional[dict] = None, overrides=()) -> ConvertConfig:
     return from_dict(ConvertConfig, tree)
 
 
-__all__ = ["ConvertConfig", "PlanConfig", "CalibrationConfig", "HeldOutConfig", "convert_config"]
+__all__ = ["ConvertConfig", "PlanConfig", "LayoutConfig", "CalibrationConfig", "HeldOutConfig", "convert_config"]

@@ -1,4 +1,5 @@
-"""`ropelab convert`: a full-RoPE model turned into a selected-pair (partial RoPE) model folder.
+"""`ropelab convert`: a full-RoPE model turned into a selected-pair (partial RoPE) model folder, its
+layers of one kind turned NoPE or given their own plan (`model.layer_pattern`, `model.layer_kinds`).
 
   convert_model(source, out_dir, overrides)   any model source -> a ropelab folder (config.yaml, a step-0
                                               checkpoint, the tokenizer, import.json, convert.json and
@@ -12,6 +13,7 @@ context length.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -19,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ropelab.config import ConfigError, RunConfig
-from ropelab.convert.config import convert_config
+from ropelab.config import ConfigError, ModelConfig, RunConfig
+from ropelab.convert.config import LayoutConfig, convert_config
 from ropelab.convert.report import pairs_heatmap
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
@@ -45,6 +47,17 @@ def _loaders(config: RunConfig, corpus: str, seq_len: int, seed: int) -> tuple[P
     except ConfigError as exc:
         raise ConfigError(f"calibration.corpus={corpus!r}: {exc}") from None
     return train, val
+
+
+def with_layout(config: ModelConfig, layout: LayoutConfig) -> ModelConfig:
+    """`config` with the layer kinds of `layout` (its pattern, or the source's when only kinds are given)."""
+    new = copy.deepcopy(config)
+    if layout.layer_pattern is not None:
+        new.layer_pattern = layout.layer_pattern
+    if layout.layer_kinds:
+        new.layer_kinds = copy.deepcopy(layout.layer_kinds)
+    new.validate()
+    return new
 
 
 def savings(source: Transformer, converted: Transformer) -> dict:
@@ -72,8 +85,9 @@ def savings(source: Transformer, converted: Transformer) -> dict:
 def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional[dict] = None,
                   log=print) -> dict:
     """Convert `source` (any model source with full RoPE) to the plan of `overrides` (dotted keys of
-    `ConvertConfig`, e.g. ``rope.keep_pairs=4 rope.select=2-norm calibration.tokens=262144``) and write
-    the folder `out_dir`. Returns convert.json's content. Every check runs before any model is loaded
+    `ConvertConfig`, e.g. ``rope.keep_pairs=4 rope.select=2-norm calibration.tokens=262144``, or
+    ``model.layer_pattern=LLLG model.layer_kinds={L: {}, G: {rope: none}}`` for NoPE every fourth layer) and
+    write the folder `out_dir`. Returns convert.json's content. Every check runs before any model is loaded
     or anything is written; a ConfigError (one line) leaves nothing behind."""
     started = time.perf_counter()
     out = refuse_existing(out_dir)
@@ -86,7 +100,9 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
     calibration = settings.calibration
     train, _ = _loaders(source_config, calibration.corpus, calibration.seq_len, calibration.seed)
     _, val = _loaders(source_config, calibration.corpus, settings.eval.seq_len, calibration.seed)
-    target = target_config(model_config, plan.keep_pairs or 0, plan.select, plan.pairs)
+    target = with_layout(model_config, settings.model)
+    if plan.keep_pairs is not None or plan.select == "list":
+        target = target_config(target, plan.keep_pairs or 0, plan.select, plan.pairs)
     loaded = load(found)
     scores = None
     if needs_scores(target):
@@ -94,14 +110,17 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
         scores = two_norm_scores(loaded.model, calibration_batches(train, calibration.tokens, micro_batch=4))
     plans, new_config = resolve_plans(target, scores)
     keep = len(plans[0][0])
+    per_kind = {} if new_config.layer_pattern is None else {"keep_pairs_per_kind": {
+        new_config.kind_for_layer(layer): len(plans[layer][0]) for layer in range(len(new_config.layer_pattern))}}
     converted = apply_plan(loaded.model, new_config, plans).eval()
-    log(f"kept {keep} of {model_config.head_size // 2} pairs per KV head ({plan.select}); checking on "
+    kinds = "".join(f", {kind}: {pairs}" for kind, pairs in per_kind.get("keep_pairs_per_kind", {}).items())
+    log(f"kept {keep} of {model_config.head_size // 2} pairs per KV head ({plan.select}{kinds}); checking on "
         f"{settings.eval.tokens:,} held-out tokens")
     windows = math.ceil(settings.eval.tokens / settings.eval.seq_len)
     check = held_out_check(loaded.model, converted, val.sequential(windows, settings.eval.micro_batch))
     record = {
         "source": source, "kind": found.kind, "location": found.location,
-        "settings": dataclasses.asdict(settings), "keep_pairs": keep, "select": plan.select,
+        "settings": dataclasses.asdict(settings), "keep_pairs": keep, "select": plan.select, **per_kind,
         "pairs": plans, "scores": None if scores is None else [s.tolist() for s in scores],
         **check, **savings(loaded.model, converted),
         "seconds": round(time.perf_counter() - started, 1),

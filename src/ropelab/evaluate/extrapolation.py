@@ -125,7 +125,8 @@ def scaled_config(model_config: ModelConfig, scaling: RopeScalingConfig, where: 
     spectrum (ConfigError naming `where` and the key); NoPE layers keep none (`Transformer.set_rope_scaling`)."""
     config = copy.deepcopy(model_config)
     config.rope.scaling = scaling
-    for override in config.rope_layers.values():
+    kinds = [kind.rope for kind in config.layer_kinds.values() if isinstance(kind.rope, dict)]
+    for override in [*config.rope_layers.values(), *kinds]:
         if "scaling" in override:
             override["scaling"] = dataclasses.asdict(scaling)
     for layer in range(config.n_layer):

@@ -4,6 +4,7 @@ to a comparison.
 One entry per captured tensor (a stage, or a stage of one layer): the per-repeat distances to
 the first repeat, their mean and maximum, the variance across repeats (for queries and keys
 split into rotated and unrotated channels), and for the logits the per-repeat KL divergence.
+With `model.layer_pattern`, the per-layer entries are also averaged per layer kind (`by_layer_kind`).
 The comparison puts each scalar of every checkpoint side by side, with its difference from
 the first checkpoint (the reference), per mode.
 """
@@ -11,6 +12,7 @@ the first checkpoint (the reference), per mode.
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import fmean
 from typing import Iterator, Optional
 
 import torch
@@ -24,6 +26,7 @@ SCALARS = (
     "mean_cosine_distance", "mean_relative_l2", "max_relative_l2", "variance", "variance_rotated",
     "variance_unrotated", "mean_kl", "max_kl",
 )
+KIND_SCALARS = ("mean_relative_l2", "mean_cosine_distance")  # averaged over the layers of a kind
 
 
 def split_name(name: str) -> tuple[str, Optional[int]]:
@@ -79,6 +82,23 @@ def analyse_captures(path: str | Path, ropes: dict[int, LayerRope]) -> tuple[dic
         title = stage if layer is None else f"layer {layer}"
         panels.setdefault(stage, []).append((title, metrics.deviation_from_first(x), rotary_dims))
     return found, panels
+
+
+def by_layer_kind(found: dict[str, dict], kinds: dict[int, str]) -> dict[str, dict]:
+    """{kind: {"layers": [...], stage: {scalar: mean over the kind's layers}}} of the per-layer captures in
+    `found`, for `KIND_SCALARS`; `kinds` maps each probed layer to its kind in `model.layer_pattern`."""
+    grouped: dict[str, dict] = {}
+    for name, entry in found.items():
+        stage, layer = split_name(name)
+        if layer is None:
+            continue
+        group = grouped.setdefault(kinds[layer], {"layers": set(), "stages": {}})
+        group["layers"].add(layer)
+        for key in KIND_SCALARS:
+            group["stages"].setdefault(stage, {}).setdefault(key, []).append(entry[key])
+    return {kind: {"layers": sorted(group["layers"])}
+            | {stage: {key: fmean(values) for key, values in scalars.items()} for stage, scalars in group["stages"].items()}
+            for kind, group in sorted(grouped.items())}
 
 
 def compare(metrics_by_checkpoint: dict[str, dict[str, dict]]) -> dict[str, dict]:

@@ -4,6 +4,7 @@ run_probe(CHECKPOINTS, OUT) writes
   probe.json                           what ran: checkpoints, modes, sequence, layers, stages, timings, files
   input.json, input_ids.npy, input.txt the probe sequence (metadata and analysis positions, ids, text)
   <checkpoint>/<mode>/captures.safetensors, metrics.json, heatmaps.png (channel x repeat, per stage)
+                                       (metrics.json: per capture, and per layer kind given a layer pattern)
   lines_<mode>.png                     distance to the first repeat against position, every checkpoint
   comparison.json                      per mode: every checkpoint's metrics side by side, and differences
   weights_<a>__<b>.json/.png           weight updates from the first checkpoint to each other one
@@ -31,7 +32,7 @@ import torch
 from ropelab.config import ConfigError
 from ropelab.sources import load
 from ropelab.probe import plots, report
-from ropelab.probe.analysis import analyse_captures, compare, split_name
+from ropelab.probe.analysis import analyse_captures, by_layer_kind, compare, split_name
 from ropelab.probe.capture import SafetensorsStream, capture
 from ropelab.probe.channels import layer_rope
 from ropelab.probe.config import ProbeConfig
@@ -126,18 +127,23 @@ def _probe_checkpoint(model, label: str, folder: Path, probe: ProbeInput, config
             stream.finish({"checkpoint": label, "mode": mode.name, "layers": ",".join(map(str, layers))})
         seconds = time.perf_counter() - start
         found, panels = analyse_captures(mode_dir / "captures.safetensors", ropes)
+        kinds = {} if model.config.layer_pattern is None else {
+            "layer_kinds": by_layer_kind(found, {layer: model.config.kind_for_layer(layer) for layer in layers})}
         write_json(mode_dir / "metrics.json", {"checkpoint": label, "mode": mode.name, "forward_seconds": seconds,
-                                               "captures": found})
+                                               "captures": found, **kinds})
         (mode_dir / "heatmaps.png").write_bytes(plots.plot_deviation_heatmaps(panels, f"{label}, {mode.name}"))
         results[mode.name] = {"metrics": found, "seconds": seconds}
     return results
 
 
 def _describe(label: str, source: str, model, layers: tuple[int, ...]) -> dict:
-    return {"label": label, "source": str(source), "params": model.num_params(), "n_layer": model.config.n_layer,
-            "max_seq_len": model.config.max_seq_len,
+    c = model.config
+    kind = {} if c.layer_pattern is None else {"layer_pattern": c.layer_pattern}
+    return {"label": label, "source": str(source), "params": model.num_params(), "n_layer": c.n_layer,
+            "max_seq_len": c.max_seq_len, **kind,
             "rope": [{"layer": i, "rotary_dims": r.rotary_dims, "layout": r.layout, "theta": r.theta}
-                     for i, r in ((i, layer_rope(model.config, i)) for i in layers)]}
+                     | ({} if c.layer_pattern is None else {"kind": c.kind_for_layer(i)})
+                     for i, r in ((i, layer_rope(c, i)) for i in layers)]}
 
 
 def _probe_all(checkpoints: list[str], labels: list[str], folder: Path, config: ProbeConfig, progress) -> dict:

@@ -94,7 +94,7 @@ def to_hf(model: Transformer, attn_implementation: str = "sdpa"):
 
 
 def from_hf(hf_model) -> Transformer:
-    """A ropelab Transformer computing the same logits as a Llama/Qwen2/Qwen3/GPT-NeoX causal LM."""
+    """A ropelab Transformer computing the same logits as a Llama/SmolLM3/Qwen2/Qwen3/GPT-NeoX causal LM."""
     arch = arch_of(hf_model.config)
     if type(hf_model).__name__ != arch.model_class:
         raise ValueError(f"{type(hf_model).__name__}: expected {arch.model_class} (a causal LM with its head)")

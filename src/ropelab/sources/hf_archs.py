@@ -4,14 +4,20 @@ fields and modules (read by `ropelab.sources.hf_config_read`, `hf_config_write` 
   ropelab configuration                                     transformers class
   --------------------------------------------------------  ---------------------------------------------
   sequential, rmsnorm, swiglu, full RoPE, no qk_norm         LlamaForCausalLM
-  sequential, rmsnorm, swiglu, full RoPE, qk_norm            Qwen3ForCausalLM
+  the same with NoPE layers among its RoPE layers, or        SmolLM3ForCausalLM (no_rope_layers, layer_types;
+    sliding-window layers; head_dim = d_model / n_head         head_dim = hidden_size / heads)
+  sequential, rmsnorm, swiglu, full RoPE, qk_norm, with      Qwen3ForCausalLM (layer_types)
+    sliding-window layers or not
   layernorm, gelu (exact), MLP biases, MHA, half-layout      GPTNeoXForCausalLM
     RoPE with `slice` frequencies (any fraction)               (use_parallel_residual = block == "parallel")
   import only: Qwen2ForCausalLM (q/k/v biases, o_proj bias   -> ropelab attn_bias=True with a zero o_proj bias
-    absent)
+    absent; sliding-window layers or not)
 
 "Full RoPE" means rotary_dims == head_dim, where `slice` and `truncate` give the same frequencies.
 The rotation layout must be `half` (rotate_half); the cos/sin cache mode does not change the math.
+A layout (`model.layer_kinds`) converts when the class has it: NoPE layers (SmolLM3), sliding
+windows of one size (SmolLM3, Qwen2, Qwen3); chunked attention and query temperature never do.
+`REFUSED` names what ropelab lacks for the hybrid releases it does not convert.
 
 Shapes: C d_model, H query heads, K key/value heads, D head_dim, F d_ff, V vocab.
 """
@@ -76,19 +82,47 @@ class Arch:
     partial_rope: bool = False  # rotary_pct / partial_rotary_factor is honoured
     scalings: tuple = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")  # rope.scaling methods exported
     absent_zero: tuple = ()  # ropelab parameter suffixes the HF class lacks (they are zero there)
+    head_dim_field: bool = True  # False: the class has no head_dim, it is hidden_size / num_attention_heads
+    nope_layers: bool = False  # `no_rope_layers` (1 RoPE, 0 NoPE per layer) is honoured
+    sliding: bool = False  # `layer_types` "sliding_attention" layers see `sliding_window` tokens
 
 
 ARCHS: dict[str, Arch] = {  # keyed by HF config.model_type
     "llama": Arch("LlamaForCausalLM", "LlamaConfig", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
                   LLAMA_MODULES, mlp_bias=("mlp_bias", False)),
+    "smollm3": Arch("SmolLM3ForCausalLM", "SmolLM3Config", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
+                    LLAMA_MODULES, mlp_bias=("mlp_bias", False), head_dim_field=False, nope_layers=True,
+                    sliding=True),
     "qwen3": Arch("Qwen3ForCausalLM", "Qwen3Config", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
-                  LLAMA_MODULES, qk_norm=True),
+                  LLAMA_MODULES, qk_norm=True, sliding=True),
     "qwen2": Arch("Qwen2ForCausalLM", "Qwen2Config", "rmsnorm", "swiglu", "silu", "rms_norm_eps",
-                  LLAMA_MODULES, attn_bias=(None, True), absent_zero=("attn.o_proj.bias",)),  # import only
+                  LLAMA_MODULES, attn_bias=(None, True), absent_zero=("attn.o_proj.bias",), head_dim_field=False,
+                  sliding=True),  # import only
     "gpt_neox": Arch("GPTNeoXForCausalLM", "GPTNeoXConfig", "layernorm", "gelu", "gelu", "layer_norm_eps",
                      NEOX_MODULES, attn_bias=("attention_bias", True), mlp_bias=(None, True),
                      fused_qkv=True, partial_rope=True, scalings=("linear", "ntk", "dynamic")),
 }
+
+_GEMMA = ("extra norms (post-attention, pre- and post-feedforward RMSNorms), a GeGLU MLP "
+          "(gelu_pytorch_tanh) and embeddings scaled by sqrt(hidden_size)")
+# HF model_type -> what ropelab lacks to compute it; the positional layout alone is a preset
+# (`ropelab.config.layout_presets`). Text and multimodal model_types alike.
+REFUSED: dict[str, str] = {
+    "gemma2": f"Gemma 2's {_GEMMA}, and soft-capped attention and final logits",
+    **dict.fromkeys(("gemma3", "gemma3_text"), f"Gemma 3's {_GEMMA} (its layout alone: preset gemma3-1b)"),
+    **dict.fromkeys(("gemma4", "gemma4_text"), f"Gemma 4's {_GEMMA}, a larger head_dim on its global layers, "
+                    "unscaled attention logits over normalised values and per-layer input embeddings (its layout "
+                    "alone: preset gemma4)"),
+    "cohere2": ("Cohere2's logit_scale multiplying the logits, and one bias-free LayerNorm shared by each block's "
+                "attention and MLP (ropelab's parallel block normalises each branch with its own; its layout "
+                "alone: preset command-a)"),
+    **dict.fromkeys(("llama4", "llama4_text"), (
+        "Llama 4's mixture-of-experts MLPs (a router, num_local_experts experts and a shared expert; ropelab's MLP "
+        "is dense) and the L2 norm of queries and keys on its RoPE layers (its layout alone: preset "
+        "llama4-scout-irope)")),
+}
+
+LAYER_TYPES = ("full_attention", "sliding_attention")  # HF `layer_types` ropelab reads and writes
 
 # RopeScalingConfig fields that each HF rope type reads (dynamic's original context is HF's
 # max_position_embeddings, see `ropelab.sources.hf_config_read`), and their HF names.
@@ -108,5 +142,5 @@ def hf_model_class(model_type: str) -> str:
     return ARCHS[model_type].model_class
 
 
-__all__ = ["Arch", "ARCHS", "LLAMA_MODULES", "NEOX_MODULES", "COMMON_FIELDS", "SCALING_FIELDS", "HF_FIELD_NAMES",
-           "hf_model_class"]
+__all__ = ["Arch", "ARCHS", "REFUSED", "LAYER_TYPES", "LLAMA_MODULES", "NEOX_MODULES", "COMMON_FIELDS",
+           "SCALING_FIELDS", "HF_FIELD_NAMES", "hf_model_class"]

@@ -16,16 +16,22 @@ RoPE with rotary_dims 2R holds, a table of (seq_len, R) cos and sin (one per dis
 a plan equal in every layer, as ``select: high|low|uniform`` gives, holds one). A plan whose KV
 heads keep different pairs (`RotaryEmbedding.per_head`, e.g. ``select: 2-norm``) holds no table
 at any length: each layer forms K x R angles per token on every call (`per_head_angles`).
+
+`layer_kind_memory` breaks one model config down by layer kind (`model.layer_pattern`): its cos/sin
+tables (RoPE layers only) and the key/value cache of one sequence, which a sliding layer bounds by its
+window W and a chunked layer by its chunk C (what a cache that drops the keys no query can see any more
+holds, as HF's sliding-window caches do; ropelab's `KVCache` keeps every key).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
 from ropelab.config import ConfigError, ModelConfig
 from ropelab.config import resolve_rotary_dims
-from ropelab.rope import table_cache_bytes
+from ropelab.rope import RotaryEmbedding, table_cache_bytes
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEFAULT_SEQ_LENS = [2**k for k in range(11, 24, 1)] + [10_000_000]
@@ -98,6 +104,43 @@ def memory_table(presets: list[str], fractions=DEFAULT_FRACTIONS, seq_lens=DEFAU
                     row[f"{layout}_bytes_sharded"] = -(-total // gpus)
                 rows.append(row)
     return rows
+
+
+def kv_cache_bytes(config: ModelConfig, layer: int, seq_len: int, dtype: str = "bf16") -> int:
+    """Keys and values of one sequence of `seq_len` tokens that `layer` must keep: every token under full
+    attention, at most the window W (sliding: the last query sees itself and W - 1 before it) or the chunk
+    C (chunked: the last query sees the tokens of its own chunk)."""
+    kind = config.layer_kind(layer)
+    tokens = seq_len if kind.attention == "full" else min(seq_len, kind.window)
+    return 2 * config.kv_heads * config.head_size * tokens * DTYPE_BYTES[dtype]
+
+
+def layer_kind_memory(config: ModelConfig, seq_len: int, dtype: str = "bf16") -> list[dict]:
+    """One row per layer kind (one, ``-``, without `model.layer_pattern`): its layers, attention, rotated
+    channels, the bytes of the fp32 cos/sin tables its RoPE settings hold at `seq_len` positions (a setting
+    shared with an earlier kind is counted there, once, as the model shares it) and the bytes of its
+    layers' key/value cache for one sequence of `seq_len` tokens in `dtype` (`kv_cache_bytes`)."""
+    rows: dict[str, dict] = {}
+    counted: set[str] = set()
+    for layer in range(config.n_layer):
+        name = config.kind_for_layer(layer) or "-"
+        kind = config.layer_kind(layer)
+        rope = config.rope_for_layer(layer)
+        row = rows.setdefault(name, {
+            "kind": name, "layers": [], "attention": kind.attention, "window": kind.window,
+            "rotary_dims": set(), "temperature": kind.temperature is not None, "seq_len": seq_len,
+            "rope_table_bytes": 0, "kv_cache_bytes": 0,
+        })
+        row["layers"].append(layer)
+        row["rotary_dims"].add(rope.resolve_dims(config.head_size))
+        row["kv_cache_bytes"] += kv_cache_bytes(config, layer, seq_len, dtype)
+        setting = repr(dataclasses.astuple(rope))  # as `Transformer` shares its RotaryEmbedding modules
+        if setting not in counted:
+            counted.add(setting)
+            row["rope_table_bytes"] += RotaryEmbedding(rope, config.head_size, config.kv_heads).table_bytes(seq_len)
+    for row in rows.values():
+        row["rotary_dims"] = sorted(row["rotary_dims"])
+    return list(rows.values())
 
 
 def plot_memory(rows: list[dict], path: Path, layout: str = "duplicated") -> None:

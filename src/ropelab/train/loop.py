@@ -99,6 +99,7 @@ def train(
             check_init(config)
         if config.train.branch_from:
             branch = branch_point(config)
+        resolve_phases(config)  # each phase's config, and the windows against the longest phase
         check_new_run_folder(run_dir, probe_lock=env.is_main)  # before RunLock makes the folder and its .lock
     stop = StopSignals()  # from here on a stop signal waits for the loop's next step boundary (`ropelab.train.stop`)
     lock = None
@@ -245,8 +246,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             task = progress.add_task("train", total=phases[-1].end, completed=start_step, status=model_status(summary))
             if tc.init_from and start_step == 0 and latest is None:  # where the source's weights start: the curve's first point
                 pc = phases[0].config
-                model.set_rope_theta(pc.model.rope.theta)
-                model.set_rope_scaling(pc.model)
+                model.set_rope(pc.model)
                 last_val = evaluate_loss(forward, loaders_for(phases[0])[1], pc, device, env)
                 if metrics:
                     metrics.write({"step": 0, "tokens": 0, "val_loss": last_val})
@@ -261,8 +261,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 pc = phase.config
                 ptc = pc.train
                 if step == phase.start or step == start_step:  # entering a phase (or resuming inside one)
-                    model.set_rope_theta(pc.model.rope.theta)
-                    model.set_rope_scaling(pc.model)
+                    model.set_rope(pc.model)
                     model.set_attention_backend(pc.attention.backend)
                     model.set_activation_checkpointing(ptc.activation_checkpointing)
                 loader, val_loader, _ = loaders_for(phase)

@@ -34,6 +34,7 @@ class Phase:
 def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
     """The run's phases with global step ranges; `world` ranks share each global batch."""
     if not config.train.phases:
+        config.model.check_windows(config.data.seq_len)
         single = copy.deepcopy(config)
         single.train.data_parallel = world
         return [Phase(0, "train", 0, config.train.steps, single)]
@@ -54,6 +55,7 @@ def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
         phase_config.train.steps = steps
         phases.append(Phase(i, spec.name or f"phase{i}", start, start + steps, phase_config))
         start += steps
+    config.model.check_windows(max(phase.config.data.seq_len for phase in phases))
     return phases
 
 
