@@ -99,7 +99,7 @@ def test_kd_beats_ce_on_both_losses_and_retrieval_or_not(tmp_path):
     found = judge("kd-beats-ce", write_runs(tmp_path / "a", LOSSES, TAILS, NEEDLE))
     assert found.verdict.outcome == HOLDS and [row[1] for row in found.table[1]] == [HOLDS] * 4
     assert found.figure.startswith(b"\x89PNG") and f"{KD} 6.005 (6.000, 6.010)" in found.measured
-    assert "theta 10k -> 1M" in found.measured and f"{KD} 79.9 (79.8, 80.0)" in found.measured
+    assert "theta 10k -> 1M" in found.measured and f"needle score beyond 256 tokens (%): {KD} 80.0 (80.0, 79.9)" in found.measured
     assert f"{NIAH} (RULER string_match_all, %, by prompt length): SmolLM2 128: 100, 1024: 100; {KD} 128: 100, 1024: 80" \
         in found.note and "passkey (exact match, %, by prompt length): SmolLM2 128: 100" in found.note
     assert "initialised from smollm2-135m" in found.measured
@@ -154,13 +154,13 @@ def test_a_missing_probe_runs_once_on_the_phase_checkpoints_then_is_read_back(tm
     monkeypatch.setattr(distill_evals, "run_probe", fake_probe)
     monkeypatch.setattr(distill_evals, "phase_checkpoints", lambda run_dir: checkpoints)
     shape = distill_evals.probe_shape(study, KD)
-    assert shape == (128, 8)  # blocks of the phase-1 window filling the phase-2 window
+    assert shape == (256, 8)  # blocks of the phase-1 window filling the phase-2 window
     for _ in range(2):
         folder = distill_evals.probe_run(study, run, shape)
     assert folder == study.path / "claims" / f"probe-{KD}-seed0" and len(calls) == 1
     sources, _, config = calls[0]
     assert sources == [str(checkpoints["short"]), str(checkpoints["long"])]
-    assert (config.block_len, config.repeats, config.modes) == (128, 8, PROBE_MODES)
+    assert (config.block_len, config.repeats, config.modes) == (256, 8, PROBE_MODES)
     (study.path / "runs" / f"{KD}-seed1" / "result.json").unlink()  # no probe: its values are NaN
     study = StudyFolder(study.path)
     assert distill_evals.probe_run(study, study.seed_runs(KD)[1], shape) is None and len(calls) == 1
