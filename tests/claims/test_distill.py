@@ -30,10 +30,15 @@ def write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data))
 
 
-def write_runs(study: Path, val_loss: dict[str, float], tail: dict[str, float]) -> Path:
+NIAH = "niah_single_2"
+
+
+def write_runs(study: Path, val_loss: dict[str, float], tail: dict[str, float], needle: dict[str, float] | None = None) -> Path:
     """Every run of the shipped study (its config.yaml, a result.json) and the study's longctx.json:
-    per variant a final validation loss and a loss of `tail` at positions 128 and beyond; the second
-    seed 0.01 higher."""
+    per variant a final validation loss, a loss of `tail` at positions 128 and beyond, and a RULER needle
+    score of `needle` (%) and passkey exact match of `needle` / 100 beyond 128; the second seed 0.01
+    higher (its needle score 0.1 lower)."""
+    needle = needle or {variant: 50.0 for variant in val_loss}
     entries = []
     for run in expand(load_study(CLAIMS_CONFIGS / f"{STUDY}.yaml")):
         folder = study / "runs" / run.id
@@ -42,13 +47,18 @@ def write_runs(study: Path, val_loss: dict[str, float], tail: dict[str, float]) 
         variant, shift = run.id.rsplit("-seed", 1)[0], 0.01 * run.config.seed
         write_json(folder / "result.json", {"steps": 40, "final_val_loss": val_loss[variant] + shift})
         losses = [9.0 if p < 128 else tail[variant] + shift for p in POSITIONS]
-        cells = [{"length": n, "depth": d, "mrr": 0.3, "exact_match": 0.0} for n in (128, 1024) for d in (0.0, 1.0)]
-        entries.append({"label": run.id, "tasks": {"passkey": {"cells": cells}},
+        found = {n: 100.0 if n <= 128 else needle[variant] - 10 * shift for n in (128, 1024)}
+        cells = [{"length": n, "depth": d, "mrr": 0.3, "exact_match": found[n] / 100} for n in (128, 1024) for d in (0.0, 1.0)]
+        entries.append({"label": run.id, "tasks": {"passkey": {"cells": cells},
+                                                   NIAH: {"cells": [{"length": n, "score": found[n]} for n in found]}},
                         "loss_by_position": {"buckets": [{"start": p, "loss": v} for p, v in zip(POSITIONS, losses)]}})
-    settings = {"lengths": [128, 1024], "depths": [0.0, 1.0], "distractors": 9, "loss_length": 1024}
+    settings = {"tasks": ["passkey", NIAH], "lengths": [128, 1024], "depths": [0.0, 1.0], "items": 2, "distractors": 9,
+                "loss_length": 1024, "seed": 0}
     write_json(study / "longctx" / "longctx.json", {"settings": settings, "runs": entries})
     teacher_cells = [{"length": n, "depth": d, "exact_match": 1.0, "mrr": 1.0} for n in (128, 1024) for d in (0.0, 1.0)]
-    write_json(study / "claims" / "longctx-teacher" / "longctx.json", {"runs": [{"tasks": {"passkey": {"cells": teacher_cells}}}]})
+    teacher = {"rope_theta": 100000.0, "tasks": {"passkey": {"cells": teacher_cells},
+                                                 NIAH: {"cells": [{"length": n, "score": 100.0} for n in (128, 1024)]}}}
+    write_json(study / "claims" / "longctx-teacher" / "longctx.json", {"runs": [teacher]})
     return study
 
 
@@ -76,29 +86,39 @@ def write_probes(study: Path, short: float, long: float, doc: float, mid: float 
     return study
 
 
-LOSSES = {KD: 6.0, CE: 6.5, "kd-10k": 6.1, "kd-500k": 6.1}
-TAILS = {KD: 6.2, CE: 6.8, "kd-10k": 6.4, "kd-500k": 6.5}
+LOSSES = {KD: 6.0, CE: 6.5, CONSTANT[0]: 6.1, CONSTANT[1]: 6.1}
+TAILS = {KD: 6.2, CE: 6.8, CONSTANT[0]: 6.4, CONSTANT[1]: 6.5}
+NEEDLE = {KD: 80.0, CE: 40.0, CONSTANT[0]: 50.0, CONSTANT[1]: 60.0}
 
 
 def judge(claim: str, study: Path):
     return CLAIMS[claim].judge({STUDY: study})
 
 
-def test_kd_beats_ce_on_both_losses_or_not(tmp_path):
-    found = judge("kd-beats-ce", write_runs(tmp_path / "a", LOSSES, TAILS))
-    assert found.verdict.outcome == HOLDS and [row[1] for row in found.table[1]] == [HOLDS, HOLDS]
-    assert found.figure.startswith(b"\x89PNG") and "kd-10k-500k 6.005 (6.000, 6.010)" in found.measured
-    assert "6.7 to 99.8" in found.note and "128: 100%" in found.note and "chance 0.29" in found.note
-    ce_better_beyond = judge("kd-beats-ce", write_runs(tmp_path / "b", LOSSES, TAILS | {CE: 6.0}))
+def test_kd_beats_ce_on_both_losses_and_retrieval_or_not(tmp_path):
+    found = judge("kd-beats-ce", write_runs(tmp_path / "a", LOSSES, TAILS, NEEDLE))
+    assert found.verdict.outcome == HOLDS and [row[1] for row in found.table[1]] == [HOLDS] * 4
+    assert found.figure.startswith(b"\x89PNG") and f"{KD} 6.005 (6.000, 6.010)" in found.measured
+    assert "theta 10k -> 1M" in found.measured and f"needle score beyond 256 tokens (%): {KD} 80.0 (80.0, 79.9)" in found.measured
+    assert f"{NIAH} (RULER string_match_all, %, by prompt length): SmolLM2 128: 100, 1024: 100; {KD} 128: 100, 1024: 80" \
+        in found.note and "passkey (exact match, %, by prompt length): SmolLM2 128: 100" in found.note
+    assert "initialised from smollm2-135m" in found.measured
+    ce_better_beyond = judge("kd-beats-ce", write_runs(tmp_path / "b", LOSSES, TAILS | {CE: 6.0}, NEEDLE))
     assert ce_better_beyond.verdict.outcome == DOES_NOT_HOLD
-    assert [row[1] for row in ce_better_beyond.table[1]] == [HOLDS, DOES_NOT_HOLD]
+    assert [row[1] for row in ce_better_beyond.table[1]] == [HOLDS, HOLDS, HOLDS, DOES_NOT_HOLD]
+    ce_retrieves = judge("kd-beats-ce", write_runs(tmp_path / "c", LOSSES, TAILS, NEEDLE | {CE: 95.0}))
+    assert [row[1] for row in ce_retrieves.table[1]] == [HOLDS, DOES_NOT_HOLD, DOES_NOT_HOLD, HOLDS]
 
 
-def test_theta_schedule_needs_the_phase_wise_run_below_both_constant_ones(tmp_path):
-    assert judge("theta-schedule", write_runs(tmp_path / "a", LOSSES, TAILS)).verdict.outcome == HOLDS
-    constant_below = judge("theta-schedule", write_runs(tmp_path / "b", LOSSES, TAILS | {"kd-500k": 6.0}))
-    assert constant_below.verdict.outcome == DOES_NOT_HOLD and "kd-500k" in constant_below.verdict.reason
-    assert "neither theta wraps around" in constant_below.note and "47,117 tokens" in constant_below.note
+def test_theta_schedule_needs_the_phase_wise_run_above_both_constant_ones(tmp_path):
+    found = judge("theta-schedule", write_runs(tmp_path / "a", LOSSES, TAILS, NEEDLE))
+    assert found.verdict.outcome == HOLDS and "constant 10k and constant 1M" in found.measured
+    assert "trained at theta 100k: no setup here keeps that theta" in found.note
+    constant_below = judge("theta-schedule", write_runs(tmp_path / "b", LOSSES, TAILS | {CONSTANT[1]: 6.0}, NEEDLE))
+    assert constant_below.verdict.outcome == DOES_NOT_HOLD and CONSTANT[1] in constant_below.verdict.reason
+    assert "longest wavelength at theta 10k is 47,117 tokens" in constant_below.note
+    retrieves_less = judge("theta-schedule", write_runs(tmp_path / "c", LOSSES, TAILS, NEEDLE | {CONSTANT[0]: 90.0}))
+    assert [row[1] for row in retrieves_less.table[1]] == [HOLDS, DOES_NOT_HOLD]
 
 
 def test_probe_perturbation_present_absent_and_smaller_after_the_long_phase(tmp_path):
@@ -134,19 +154,19 @@ def test_a_missing_probe_runs_once_on_the_phase_checkpoints_then_is_read_back(tm
     monkeypatch.setattr(distill_evals, "run_probe", fake_probe)
     monkeypatch.setattr(distill_evals, "phase_checkpoints", lambda run_dir: checkpoints)
     shape = distill_evals.probe_shape(study, KD)
-    assert shape == (128, 8)  # blocks of the phase-1 window filling the phase-2 window
+    assert shape == (256, 8)  # blocks of the phase-1 window filling the phase-2 window
     for _ in range(2):
         folder = distill_evals.probe_run(study, run, shape)
     assert folder == study.path / "claims" / f"probe-{KD}-seed0" and len(calls) == 1
     sources, _, config = calls[0]
     assert sources == [str(checkpoints["short"]), str(checkpoints["long"])]
-    assert (config.block_len, config.repeats, config.modes) == (128, 8, PROBE_MODES)
+    assert (config.block_len, config.repeats, config.modes) == (256, 8, PROBE_MODES)
     (study.path / "runs" / f"{KD}-seed1" / "result.json").unlink()  # no probe: its values are NaN
     study = StudyFolder(study.path)
     assert distill_evals.probe_run(study, study.seed_runs(KD)[1], shape) is None and len(calls) == 1
 
 
-def test_the_teacher_passkey_runs_once_at_the_study_lengths(tmp_path, monkeypatch):
+def test_the_teacher_retrieval_runs_once_at_the_study_lengths(tmp_path, monkeypatch):
     study = StudyFolder(write_runs(tmp_path, LOSSES, TAILS))
     (study.path / "claims" / "longctx-teacher" / "longctx.json").unlink()
     calls = []
@@ -158,9 +178,10 @@ def test_the_teacher_passkey_runs_once_at_the_study_lengths(tmp_path, monkeypatc
     monkeypatch.setattr(distill_evals, "evaluate_longctx", fake_longctx)
     results = distill_evals.longctx_results(study)
     for _ in range(2):
-        distill_evals.teacher_passkey(study, results)
+        distill_evals.teacher_longctx(study, results)
     assert len(calls) == 1 and calls[0][0] == [TEACHER]
-    assert calls[0][1]["tasks"] == ["passkey"] and calls[0][1]["lengths"] == [128, 1024]
+    assert calls[0][1]["tasks"] == ["passkey", NIAH] and calls[0][1]["lengths"] == [128, 1024]
+    assert calls[0][1]["loss_windows"] == 0
 
 
 def test_claims_name_their_seed_sections_and_the_shipped_study():
@@ -179,5 +200,6 @@ def test_shipped_distill_studies_load_and_expand(path):
     for run in runs:
         seeds.setdefault(run.id.rsplit("-seed", 1)[0], set()).add(run.config.seed)
         assert run.config.distill.teacher == TEACHER and run.config.distill.top_k
-        assert len(run.config.train.phases) == 2 and run.config.data.tokenizer == TEACHER
+        assert len(run.config.train.phases) == 2
+        assert run.config.train.init_from == TEACHER  # students that already know language
     assert {KD, CE, *CONSTANT} <= set(seeds) and all(len(s) >= 2 for s in seeds.values())

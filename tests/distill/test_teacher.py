@@ -143,3 +143,17 @@ def test_missing_teacher_and_bad_settings_fail_before_work(tmp_path, make_ropela
         student_config(f"distill.teacher={run}", "distill.temperature=0")
     with pytest.raises(ConfigError, match="distill.teacher: required"):
         student_config("distill.alpha=0.5")
+
+
+def test_a_student_initialised_from_a_model_of_another_vocabulary_is_refused(make_hf_teacher, make_ropelab_teacher,
+                                                                             bpe_file, tmp_path, capsys):
+    """The student starts from a bytes-level run (its tokenizer becomes the student's); the teacher speaks
+    a 300-token BPE: one line naming distill.teacher, exit 2, nothing written."""
+    from ropelab.cli import main
+
+    source, teacher = make_ropelab_teacher(), make_hf_teacher(320, bpe_file)
+    out = tmp_path / "student"
+    assert main(["distill", "--out", str(out), f"train.init_from={source}", f"distill.teacher={teacher}",
+                 "train.steps=2", "data.seq_len=16", "train.micro_batch=2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after the teacher's own save progress bar
+    assert "distill.teacher=" in error and "not the student's data.tokenizer" in error and not out.exists()

@@ -3,6 +3,7 @@ shape and tokenizer are the defaults; mismatches stop before any work with one l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import yaml
 
 from ropelab.config import ConfigError, build_run_config
+from ropelab.model import Transformer
 from ropelab.sources import load, run_config
 from ropelab.train.loop import train
 
@@ -119,3 +121,50 @@ def test_the_runs_channel_choice_replaces_the_sources(tmp_path, tiny_overrides):
     assert run_config({}, None, [*base, "model.rope.fraction=0"]).model.rope.resolve_dims(16) == 0
     from_yaml = run_config({"model": {"rope": {"keep_pairs": 2, "select": "low"}}}, None, base).model.rope
     assert from_yaml.rotary_dims is None and from_yaml.resolve_dims(16) == 4
+
+
+def test_a_depth_pruned_student_equals_a_model_of_the_kept_layers(source_run, tmp_path, tiny_session_overrides):
+    not_model = [o for o in tiny_session_overrides if not o.startswith("model.")]
+    config = run_config(overrides=[*not_model, f"train.init_from={source_run}", "train.init_layers=[1]",
+                                   "train.steps=0"])
+    assert config.model.n_layer == 1 and load(source_run).config.model.n_layer == 2
+    train(config, tmp_path / "pruned")
+    pruned, source = load(tmp_path / "pruned").model, load(source_run).model
+    hand_built = Transformer(dataclasses.replace(source.config, n_layer=1)).eval()
+    hand_built.embed.load_state_dict(source.embed.state_dict())
+    hand_built.final_norm.load_state_dict(source.final_norm.state_dict())
+    hand_built.lm_head.load_state_dict(source.lm_head.state_dict())
+    hand_built.blocks[0].load_state_dict(source.blocks[1].state_dict())
+    tokens = torch.randint(0, source.config.vocab_size, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(tokens)[0], hand_built(tokens)[0], atol=0, rtol=0)
+    assert json.loads((tmp_path / "pruned" / "result.json").read_text())["init_from"]["layers"] == [1]
+
+
+def test_a_rope_transplant_changes_only_the_rope_frequencies(source_run, tmp_path, tiny_session_overrides):
+    not_model = [o for o in tiny_session_overrides if not o.startswith("model.")]
+    train(run_config(overrides=[*not_model, f"train.init_from={source_run}", "train.steps=0",
+                                "model.rope.theta=1000"]), tmp_path / "transplant")
+    transplant, source = load(tmp_path / "transplant").model, load(source_run).model
+    for (name, a), b in zip(transplant.state_dict().items(), source.state_dict().values()):
+        assert torch.equal(a, b), name
+    frequencies = [rope.inv_freq for rope in (transplant.ropes[0], source.ropes[0])]
+    assert not torch.equal(*frequencies) and frequencies[0].shape == frequencies[1].shape
+    source.set_rope_theta(1000)
+    tokens = torch.randint(0, source.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(transplant(tokens)[0], source(tokens)[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.init_layers=[0, 9]", r"train.init_layers=\[0, 9\]: the source .* has layers 0..1"),
+    ("train.init_layers=[-1]", "must be a list of layer indices"),
+    ("model.n_layer=3", "train.init_layers: 2 layers but model.n_layer=3"),
+])
+def test_bad_kept_layers_stop_in_one_line(source_run, tmp_path, tiny_session_overrides, override, message):
+    not_model = [o for o in tiny_session_overrides if not o.startswith("model.")]
+    with pytest.raises(ConfigError, match=message) as info:
+        config = run_config(overrides=[*not_model, f"train.init_from={source_run}", "train.init_layers=[1, 0]",
+                                       override])
+        train(config, tmp_path / "bad")
+    assert "\n" not in str(info.value) and not (tmp_path / "bad").exists()

@@ -1,7 +1,8 @@
 """The distillation seed's claims (001, "Short Data, Long Context"), judged on the study shipped as
-``configs/claims/distill-smollm2.yaml``: tiny-llama students of SmolLM2-135M, trained in a short
-phase and a long phase of packed short documents, by logit KD at three RoPE theta schedules and by
-CE at one. The probe and the weight updates run after training (`ropelab.claims.distill_evals`).
+``configs/claims/distill-smollm2.yaml``: students initialised from SmolLM2-135M with their RoPE theta
+moved off the one they were trained at, trained in a short phase and a long phase of packed short
+documents, by logit KD from SmolLM2 at three theta schedules and by CE at one. The probe and the weight
+updates run after training (`ropelab.claims.distill_evals`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Mapping, Sequence
 from ropelab.claims.claim import Claim, Finding, from_parts
 from ropelab.claims.distill_evals import (
     CAUSAL, DOC, band_means, final_val_losses, first_config, logit_kl, logit_kl_by_repeat, longctx_results, loss_curves,
-    phase_lengths, probe_run, probe_shape, probe_teacher, query_change_per_pair, retrieval_by_length, teacher_passkey,
+    phase_lengths, probe_run, probe_shape, probe_teacher, query_change_per_pair, retrieval_by_length, retrieval_tasks,
+    teacher_longctx,
 )
 from ropelab.claims.distill_plots import plot_loss_by_position, plot_pair_changes, plot_repeat_kl
 from ropelab.claims.groups import mean_text
@@ -25,12 +27,13 @@ from ropelab.train.phases import resolve_phases
 
 SEED = "short-data-long-context (001)"
 STUDY = "distill-smollm2"
-KD, CE = "kd-10k-500k", "ce-10k-500k"  # the seed's winning schedule, by KD and by CE
-CONSTANT = ("kd-10k", "kd-500k")
+KD, CE = "kd-10k-1m", "ce-10k-1m"  # the seed's winning schedule (short theta -> long theta), by KD and by CE
+CONSTANT = ("kd-10k", "kd-1m")  # the same thetas held constant through both phases
+RETRIEVAL = ("passkey", "exact_match")  # besides RULER's needle tasks, scored by RULER's `score` (%)
 
 
 def _setup(study: StudyFolder) -> str:
-    """The students and their two phases, from the KD run's config."""
+    """The students, where they start from, and their two phases, from the KD run's config."""
     config = first_config(study, KD)
     m = config.model
     counts = phase_counts(config)
@@ -41,9 +44,26 @@ def _setup(study: StudyFolder) -> str:
         mask = ", document mask" if c.attention.doc_mask else ""
         phases.append(f"{count.phase.steps} steps of {c.train.global_batch} x {c.data.seq_len} tokens{packed}{mask}")
     tokens = sum(count.tokens for count in counts)
-    return (f"students of {m.n_layer} layers (d_model {m.d_model}, head_dim {m.head_size}) sharing SmolLM2-135M's "
-            f"tokenizer, on {config.data.corpus}: {', then '.join(phases)}; {tokens:,} tokens per run, "
+    init = config.train.init_from
+    start = (f"initialised from {init}" + (f" (its layers {config.train.init_layers})" if config.train.init_layers else "")
+             if init else "trained from scratch")
+    return (f"students of {m.n_layer} layers (d_model {m.d_model}, head_dim {m.head_size}) {start}, sharing "
+            f"SmolLM2-135M's tokenizer, on {config.data.corpus}: {', then '.join(phases)}; {tokens:,} tokens per run, "
             f"{len(study.seed_runs(KD))} seeds")
+
+
+def theta_text(value: float) -> str:
+    """10000 -> 10k, 1000000 -> 1M."""
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}"
+
+
+def _schedule(study: StudyFolder, variant: str) -> str:
+    """The variant's RoPE theta per phase: "10k -> 1M", or "10k" when it stays."""
+    thetas = [theta_text(p.config.model.rope.theta) for p in resolve_phases(first_config(study, variant))]
+    return " -> ".join(dict.fromkeys(thetas))
 
 
 def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence[float]]], length: int) -> dict[str, list[float]]:
@@ -52,27 +72,40 @@ def _tail_means(positions: Sequence[int], curves: Mapping[str, Sequence[Sequence
     return {name: [fmean(curve[i] for i in beyond) for curve in lines] for name, lines in curves.items()}
 
 
-def _retrieval_note(study: StudyFolder, results: dict) -> str:
-    """What stands in for the seed's needle-in-a-haystack retrieval: the teacher's own passkey
-    retrieval and the students' rank of the true passkey."""
-    teacher = retrieval_by_length(teacher_passkey(study, results), "passkey", "exact_match")
-    candidates = results["settings"]["distractors"] + 1
-    chance = sum(1 / r for r in range(1, candidates + 1)) / candidates
-    entries = {e["label"]: e for e in results["runs"]}
-    exact, ranks = [], []
-    for variant in (KD, CE, *CONSTANT):
-        found = [entries.get(run.id, {}) for run in study.seed_runs(variant)]
-        exact += [v for e in found for v in retrieval_by_length(e, "passkey", "exact_match").values()]
-        mrr = [retrieval_by_length(e, "passkey", "mrr") for e in found]
-        lengths = sorted({n for by_length in mrr for n in by_length})
-        ranks.append(f"{variant} " + ", ".join(f"{n}: {fmean(m.get(n, math.nan) for m in mrr):.2f}" for n in lengths))
-    students = f"{fmean(exact):.0%}" if exact else "none measured"
-    return ("The seed's needle-in-a-haystack retrieval, rising from 6.7 to 99.8, cannot be tested at this scale: the "
-            f"students' greedy answers match {students} of the passkeys. Measured instead, from the long-context "
-            "evaluation: SmolLM2's own passkey retrieval (exact match of its greedy answer) by prompt length "
-            f"{', '.join(f'{n}: {v:.0%}' for n, v in teacher.items())}; the students' mean reciprocal rank of the true "
-            f"passkey among {candidates} candidates (chance {chance:.2f}), mean of the seeds, by length: "
-            + "; ".join(ranks) + ".")
+def _needle_tasks(results: dict) -> list[str]:
+    return [task for task in retrieval_tasks(results["settings"]) if task != RETRIEVAL[0]]
+
+
+def _retrieval_beyond(study: StudyFolder, results: dict, variants: Sequence[str], length: int, task: str) -> dict[str, list[float]]:
+    """{variant: each seed's mean retrieval beyond `length`}: RULER's needle score (%) averaged over the
+    needle tasks (`task` "niah"), or the passkey's exact match (%)."""
+    entries = {entry["label"]: entry for entry in results["runs"]}
+    tasks, metric = (_needle_tasks(results), "score") if task == "niah" else ([RETRIEVAL[0]], RETRIEVAL[1])
+    scale = 1.0 if metric == "score" else 100.0
+
+    def beyond(entry: dict) -> float:
+        values = [v * scale for t in tasks for n, v in retrieval_by_length(entry, t, metric).items() if n > length]
+        return fmean(values) if values else math.nan
+
+    return {v: [beyond(entries.get(run.id, {})) for run in study.seed_runs(v)] for v in variants}
+
+
+def _retrieval_table(study: StudyFolder, results: dict, variants: Sequence[str]) -> str:
+    """The teacher's retrieval and each variant's (mean of the seeds) per task and length, as one text."""
+    teacher = teacher_longctx(study, results)
+    entries = {entry["label"]: entry for entry in results["runs"]}
+    lines = []
+    for task in retrieval_tasks(results["settings"]):
+        metric, scale = ("score", 1.0) if task != RETRIEVAL[0] else (RETRIEVAL[1], 100.0)
+        rows = [f"SmolLM2 " + ", ".join(f"{n}: {v * scale:.0f}" for n, v in retrieval_by_length(teacher, task, metric).items())]
+        for variant in variants:
+            by_seed = [retrieval_by_length(entries.get(run.id, {}), task, metric) for run in study.seed_runs(variant)]
+            lengths = sorted({n for found in by_seed for n in found})
+            rows.append(f"{variant} " + ", ".join(
+                f"{n}: {fmean(found.get(n, math.nan) for found in by_seed) * scale:.0f}" for n in lengths))
+        lines.append(f"{task} ({'RULER string_match_all' if metric == 'score' else 'exact match'}, %, by prompt "
+                     f"length): " + "; ".join(rows))
+    return ". ".join(lines) + "."
 
 
 def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
@@ -81,18 +114,24 @@ def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
     losses = final_val_losses(study, [KD, CE])
     results = longctx_results(study)
     positions, curves = loss_curves(results, study, [KD, CE])
+    needle, passkey = (_retrieval_beyond(study, results, [KD, CE], length, task) for task in ("niah", "passkey"))
     parts = [("KD below CE: final validation loss (packed short documents)", lower({KD: losses[KD]}, {CE: losses[CE]})),
-             (f"KD below CE beyond the phase-1 length ({length}): loss by position",
+             (f"KD above CE on RULER's needle tasks beyond the phase-1 length ({length})",
+              higher({KD: needle[KD]}, {CE: needle[CE]})),
+             (f"KD above CE on passkey retrieval beyond {length}", higher({KD: passkey[KD]}, {CE: passkey[CE]})),
+             (f"KD below CE beyond {length}: loss by position",
               beats_beyond({KD: curves[KD]}, {CE: curves[CE]}, positions, length))]
     config = first_config(study, KD)
-    measured = (f"{_setup(study)}; theta 10k -> 500k, KD (top-{config.distill.top_k} teacher targets) against CE at equal "
-                f"tokens. Final validation loss (nats/token), mean (seeds): {mean_text(losses)}. Loss by position over "
-                f"{_loss_length(results):,}-token windows of single {config.data.corpus} files, mean over positions "
-                f"{length} and beyond: {mean_text(_tail_means(positions, curves, length))}.")
+    measured = (f"{_setup(study)}; theta {_schedule(study, KD)}, KD (top-{config.distill.top_k} teacher targets) against "
+                f"CE at equal tokens. Final validation loss (nats/token), mean (seeds): {mean_text(losses)}. RULER needle "
+                f"score beyond {length} tokens (%): {mean_text(needle, '.1f')}; passkey exact match (%): "
+                f"{mean_text(passkey, '.1f')}. Loss by position over {_loss_length(results):,}-token windows of single "
+                f"{config.data.corpus} files, mean over positions {length} and beyond: "
+                f"{mean_text(_tail_means(positions, curves, length))}.")
     return from_parts(measured, parts, plot_loss_by_position(positions, curves, length),
-                    "Loss by position of the KD and CE students after phase 2, one line per seed.",
-                    "The seed compares KD and CE at each of its three theta setups; here at the phase-wise one only. "
-                    + _retrieval_note(study, results))
+                      "Loss by position of the KD and CE students after phase 2, one line per seed.",
+                      "The seed compares KD and CE at each of its three theta setups; here at the phase-wise one only. "
+                      "Retrieval of the teacher and the students: " + _retrieval_table(study, results, [KD, CE, *CONSTANT]))
 
 
 def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
@@ -100,17 +139,34 @@ def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
     length = phase_lengths(study, KD)[0]
     results = longctx_results(study)
     positions, curves = loss_curves(results, study, [KD, *CONSTANT])
-    verdict = beats_beyond({KD: curves[KD]}, {v: curves[v] for v in CONSTANT}, positions, length)
+    needle = _retrieval_beyond(study, results, [KD, *CONSTANT], length, "niah")
+    parts = [(f"{_schedule(study, KD)} below both constant thetas beyond {length}: loss by position",
+              beats_beyond({KD: curves[KD]}, {v: curves[v] for v in CONSTANT}, positions, length)),
+             (f"{_schedule(study, KD)} above both constant thetas on RULER's needle tasks beyond {length}",
+              higher({KD: needle[KD]}, {v: needle[v] for v in CONSTANT}))]
     losses = final_val_losses(study, [KD, *CONSTANT])
-    measured = (f"{_setup(study)}; by KD, theta 10k -> 500k against constant 10k and constant 500k. Loss by position, mean over "
-                f"positions {length} and beyond: {mean_text(_tail_means(positions, curves, length))}. Final validation "
-                f"loss: {mean_text(losses)}.")
-    return from_parts(measured, [(f"10k -> 500k below both constant thetas beyond {length}", verdict)],
-                    plot_loss_by_position(positions, curves, length),
-                    "Loss by position of the three KD students after phase 2, one line per seed.",
-                    f"At {_loss_length(results):,} positions neither theta wraps around (the longest wavelength at "
-                    f"theta 10k is {_longest_wavelength(study, 'kd-10k'):,.0f} tokens), so this tests the schedule at the "
-                    "seed's thetas but not the wrap-around that theta 10k meets at its 128k context.")
+    constants = " and ".join(f"constant {_schedule(study, v)}" for v in CONSTANT)
+    measured = (f"{_setup(study)}; by KD, theta {_schedule(study, KD)} against {constants}. Loss by position, mean over "
+                f"positions {length} and beyond: {mean_text(_tail_means(positions, curves, length))}. RULER needle score "
+                f"beyond {length} tokens (%): {mean_text(needle, '.1f')}. Final validation loss: {mean_text(losses)}.")
+    config = first_config(study, KD)
+    native = ""
+    if config.train.init_from == config.distill.teacher:
+        theta = teacher_longctx(study, results)["rope_theta"]
+        native = (f" The students start from the teacher itself, trained at theta {theta_text(theta)}: "
+                  f"{'no' if theta not in _thetas(study) else 'not every'} setup here keeps that theta, so each must "
+                  "learn positions anew, as the seed's from-scratch student does.")
+    return from_parts(measured, parts, plot_loss_by_position(positions, curves, length),
+                      "Loss by position of the three KD students after phase 2, one line per seed.",
+                      f"The seed's thetas are 10k and 500k, its teacher's; the largest prompt here is "
+                      f"{max(results['settings']['lengths']):,} tokens (the longest wavelength at theta "
+                      f"{_schedule(study, CONSTANT[0])} is {_longest_wavelength(study, CONSTANT[0]):,.0f} tokens)."
+                      + native)
+
+
+def _thetas(study: StudyFolder) -> set[float]:
+    """Every theta a KD or CE student trains at, in any phase."""
+    return {p.config.model.rope.theta for v in (KD, CE, *CONSTANT) for p in resolve_phases(first_config(study, v))}
 
 
 def _loss_length(results: dict) -> int:

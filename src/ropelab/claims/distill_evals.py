@@ -5,7 +5,7 @@ evaluations they add after training, each kept under ``<study>/claims/`` and ski
                     running positions and a document mask with restarting positions (`PROBE_MODES`),
                     plus the weight updates between the two (weights_<a>__<b>.json)
   probe-teacher/    the same probe on the teacher, SmolLM2 itself
-  longctx-teacher/  the teacher's own passkey retrieval at the study's long-context lengths
+  longctx-teacher/  the teacher's own passkey and RULER needle retrieval at the study's lengths
 
 A run that did not finish gives NaN values, so that its group is inconclusive rather than silently
 smaller.
@@ -87,16 +87,22 @@ def retrieval_by_length(entry: dict, task: str, metric: str) -> dict[int, float]
     return {n: sum(c[metric] for c in cells if c["length"] == n) / sum(c["length"] == n for c in cells) for n in lengths}
 
 
-def teacher_passkey(study: StudyFolder, results: dict) -> dict:
-    """The teacher's own passkey entry at the study's lengths and depths (one item per cell), kept in
-    ``claims/longctx-teacher``."""
+def teacher_longctx(study: StudyFolder, results: dict) -> dict:
+    """The teacher's own long-context entry on the study's retrieval tasks, lengths and depths (one item
+    per passkey cell, the study's items per RULER length), kept in ``claims/longctx-teacher``."""
     folder = study.path / "claims" / "longctx-teacher"
     path = folder / "longctx.json"
     if not path.is_file():
         settings = results["settings"]
-        evaluate_longctx([TEACHER], folder, tasks=["passkey"], lengths=settings["lengths"], depths=settings["depths"],
-                         items=1, distractors=settings["distractors"], loss_windows=0, progress=False)
+        evaluate_longctx([TEACHER], folder, tasks=retrieval_tasks(settings), lengths=settings["lengths"],
+                         depths=settings["depths"], items=settings["items"], distractors=settings["distractors"],
+                         loss_windows=0, seed=settings["seed"], progress=False)
     return json.loads(path.read_text())["runs"][0]
+
+
+def retrieval_tasks(settings: dict) -> list[str]:
+    """The study's retrieval tasks: the passkey and RULER's needle tasks (not the loss by position)."""
+    return [task for task in settings["tasks"] if task == "passkey" or task.startswith("niah")]
 
 
 # ------------------------------------------------------------------ the probe

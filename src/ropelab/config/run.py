@@ -161,6 +161,9 @@ class TrainConfig:
     # A model source (run, checkpoint, imported or HF folder, hub name, GGUF file, built-in name) whose
     # weights start the run, with a fresh optimizer and schedule (see `ropelab.sources.init`)
     init_from: Optional[str] = None
+    # With init_from: the source layers the run's layers start from, in order (a depth-pruned student,
+    # e.g. every third of 30: [0, 3, ..., 27]); empty: all of them. model.n_layer follows its length.
+    init_layers: list[int] = field(default_factory=list)
     # A run (its newest checkpoint, or the one at branch_step) or a checkpoint folder whose full training
     # state this run continues: weights, optimizer moments, step count, data position and RNG; the
     # schedule is this run's own, and steps count on from the checkpoint's (`ropelab.train.branch`)
@@ -199,6 +202,11 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1)")
         if self.warmup_steps is not None and not (0 <= self.warmup_steps < max(self.steps, 1)):
             raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be in [0, train.steps={self.steps})")
+        if self.init_layers and self.init_from is None:
+            raise ConfigError(f"train.init_layers={self.init_layers}: needs train.init_from (the model whose layers "
+                              "the run starts from)")
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.init_layers):
+            raise ConfigError(f"train.init_layers={self.init_layers}: must be a list of layer indices (integers >= 0)")
         if self.branch_from is not None and self.init_from is not None:
             raise ConfigError("train.branch_from and train.init_from: give one (a branch continues a run's whole "
                               "training state; init_from takes only weights)")

@@ -6,10 +6,12 @@
   check_init(config)                   the run can start from its source: the same weight shapes and
                                        the same tokenizer; one-line ConfigError otherwise, reading
                                        only configurations and tokenizers (`check_same_weights`)
+  keep_layers(state, layers)           a depth-pruned student's weights (`train.init_layers`)
   initial_weights(config)              (the source's state dict, a record of where it came from)
 
 Settings that do not change a weight's shape may differ from the source: RoPE theta, fraction,
-style and per-layer settings, attention backend, and everything outside `model`. A selected-pair
+style and per-layer settings, attention backend, and everything outside `model`; with
+`train.init_layers`, the number of layers (the run keeps those source layers, in that order). A selected-pair
 plan (`model.rope.keep_pairs` / `select` / `pairs`) on a full-RoPE source converts its weights
 (`initial_weights`, `ropelab.sources.plans`). A resumed run
 reads its own checkpoints; `init_from` only seeds step 0.
@@ -24,6 +26,7 @@ from typing import Optional
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
 from ropelab.data.loader import PackedLoader
 from ropelab.data.tokenizer import load_tokenizer
+from ropelab.model import Transformer
 from ropelab.sources.calibrate import calibration_batches, held_out_check, two_norm_scores
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
@@ -36,19 +39,20 @@ SHAPE_KEYS = ("n_layer", "d_model", "n_head", "kv_heads", "head_size", "d_ff", "
               "mlp", "attn_bias", "mlp_bias", "qk_norm", "tie_embeddings")
 
 
-def _init_from(base: dict, overrides) -> str | None:
-    name = ((base or {}).get("train") or {}).get("init_from")
+def _train_setting(base: dict | None, overrides, name: str):
+    """`train.<name>` as the YAML tree and the overrides give it (before the config is built)."""
+    value = ((base or {}).get("train") or {}).get(name)
     for text in overrides:
-        key, value = parse_override(text)
-        if key == "train.init_from":
-            name = value
-    return name
+        key, given = parse_override(text)
+        if key == f"train.{name}":
+            value = given
+    return value
 
 
 def run_config(base: dict | None = None, preset: str | None = None, overrides=()) -> RunConfig:
     """A run config as `build_run_config` makes it; with `train.init_from` and no model preset, the
     source's model settings and data.tokenizer are the defaults that the YAML and overrides change."""
-    name = _init_from(base, overrides)
+    name = _train_setting(base, overrides, "init_from")
     tree = copy.deepcopy(base) if base else {}
     if name is None or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
         return build_run_config(tree, preset, overrides)
@@ -61,6 +65,9 @@ def run_config(base: dict | None = None, preset: str | None = None, overrides=()
         model["rope"].update({key: (1.0 if key == "fraction" else None) for key in CHANNEL_KEYS if key not in chosen})
     for key, value in (tree.get("model") or {}).items():
         model[key] = model["rope"] | value if key == "rope" and isinstance(value, dict) else value
+    layers = _train_setting(tree, overrides, "init_layers")
+    if isinstance(layers, list) and layers and "n_layer" not in (tree.get("model") or {}):
+        model["n_layer"] = len(layers)  # a depth-pruned student: one layer per kept source layer
     tree["model"] = model
     tree.setdefault("data", {}).setdefault("tokenizer", source_config.data.tokenizer)
     return build_run_config(tree, None, overrides)
@@ -78,7 +85,24 @@ def check_init(config: RunConfig) -> None:
         source_config, source = load_config(name)
     except ConfigError as exc:
         raise ConfigError(f"{_key(name)}: {exc}") from None
+    check_layers(config, source_config.model, _key(name))
     check_same_weights(config, source_config, _key(name))
+
+
+def check_layers(config: RunConfig, source: ModelConfig, key: str) -> None:
+    """`train.init_layers` names layers the source has, one per layer of the run, in a source whose
+    layers all share one RoPE and attention setting (so a kept layer's settings need no renumbering)."""
+    layers = config.train.init_layers
+    if not layers:
+        return
+    if any(i >= source.n_layer for i in layers):
+        raise ConfigError(f"train.init_layers={layers}: the source ({key}) has layers 0..{source.n_layer - 1}")
+    if len(layers) != config.model.n_layer:
+        raise ConfigError(f"train.init_layers: {len(layers)} layers but model.n_layer={config.model.n_layer}; "
+                          "give one source layer per layer of the run")
+    if source.rope_layers or source.layer_pattern:
+        raise ConfigError(f"train.init_layers: the source ({key}) sets RoPE or attention per layer; keeping some of "
+                          "its layers is supported only for a source whose layers are all alike")
 
 
 def check_same_weights(config: RunConfig, source_config: RunConfig, key: str) -> None:
@@ -87,7 +111,7 @@ def check_same_weights(config: RunConfig, source_config: RunConfig, key: str) ->
     mine, theirs = config.model, source_config.model
     for field in SHAPE_KEYS:
         ours = getattr(mine, field)
-        if field == "vocab_size" and ours is None:
+        if (field == "vocab_size" and ours is None) or (field == "n_layer" and config.train.init_layers):
             continue
         if ours != getattr(theirs, field):
             raise ConfigError(f"{key}: model.{field}={ours!r} but the source has {getattr(theirs, field)!r}; "
@@ -98,6 +122,19 @@ def check_same_weights(config: RunConfig, source_config: RunConfig, key: str) ->
     if run_tokenizer.fingerprint() != source_tokenizer.fingerprint():
         raise ConfigError(f"{key}: data.tokenizer={d.tokenizer!r} is not the source's tokenizer "
                           f"({s.tokenizer!r}); the weights' token ids would mean other tokens")
+
+
+def keep_layers(state: dict, layers: list[int]) -> dict:
+    """A state dict whose block i is the source's block `layers[i]`; embeddings, final norm and head kept."""
+    kept = {}
+    for name, tensor in state.items():
+        if not name.startswith("blocks."):
+            kept[name] = tensor
+    for new, old in enumerate(layers):
+        prefix = f"blocks.{old}."
+        kept.update({f"blocks.{new}." + name[len(prefix):]: tensor for name, tensor in state.items()
+                     if name.startswith(prefix)})
+    return kept
 
 
 def converts(config: RunConfig, source: ModelConfig) -> bool:
@@ -135,8 +172,14 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
                           f"{model.config.vocab_size}; set model.vocab_size={model.config.vocab_size}")
     record = {"source": source.name, "kind": source.kind, "location": source.location,
               "checkpoint": str(source.checkpoint) if source.checkpoint else None}
+    state = model.state_dict()
+    if config.train.init_layers:
+        state = keep_layers(state, config.train.init_layers)
+        record["layers"] = list(config.train.init_layers)
+        model = Transformer(dataclasses.replace(model.config, n_layer=len(config.train.init_layers)))
+        model.load_state_dict(state)
     if not converts(config, model.config):
-        return model.state_dict(), record
+        return state, record
     if loaders is None:
         raise ConfigError(f"{_key(source.name)}: converting to the run's RoPE plan needs its data loaders")
     check_source(model.config, _key(source.name))
@@ -154,4 +197,4 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
     return converted.state_dict(), record
 
 
-__all__ = ["run_config", "check_init", "check_same_weights", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]
+__all__ = ["run_config", "check_init", "check_layers", "check_same_weights", "keep_layers", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]
