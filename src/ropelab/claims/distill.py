@@ -52,6 +52,18 @@ def _setup(study: StudyFolder) -> str:
             f"{len(study.seed_runs(KD))} seeds")
 
 
+def _regime(study: StudyFolder) -> str:
+    """Where the students' knowledge of language comes from, and the tokens each phase adds."""
+    config = first_config(study, KD)
+    counts = phase_counts(config)
+    phases = " + ".join(f"{count.tokens:,} {count.phase.name}" for count in counts)
+    start = f"initialised from {config.train.init_from}" if config.train.init_from else "from scratch"
+    return f"students {start}, then {phases} tokens"
+
+
+SEED_REGIME = "a 1B student from scratch: 100B short-context tokens, then 10B long-context tokens"
+
+
 def theta_text(value: float) -> str:
     """10000 -> 10k, 1000000 -> 1M."""
     for unit, size in (("M", 1e6), ("k", 1e3)):
@@ -131,7 +143,8 @@ def _judge_kd_beats_ce(studies: Mapping[str, Path]) -> Finding:
     return from_parts(measured, parts, plot_loss_by_position(positions, curves, length),
                       "Loss by position of the KD and CE students after phase 2, one line per seed.",
                       "The seed compares KD and CE at each of its three theta setups; here at the phase-wise one only. "
-                      "Retrieval of the teacher and the students: " + _retrieval_table(study, results, [KD, CE, *CONSTANT]))
+                      "Retrieval of the teacher and the students: " + _retrieval_table(study, results, [KD, CE, *CONSTANT]),
+                      _regime(study))
 
 
 def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
@@ -161,7 +174,7 @@ def _judge_theta_schedule(studies: Mapping[str, Path]) -> Finding:
                       f"The seed's thetas are 10k and 500k, its teacher's; the largest prompt here is "
                       f"{max(results['settings']['lengths']):,} tokens (the longest wavelength at theta "
                       f"{_schedule(study, CONSTANT[0])} is {_longest_wavelength(study, CONSTANT[0]):,.0f} tokens)."
-                      + native)
+                      + native, _regime(study))
 
 
 def _thetas(study: StudyFolder) -> set[float]:
@@ -214,7 +227,7 @@ def _judge_probe(studies: Mapping[str, Path]) -> Finding:
                     "KL of each repeat to the first under causal attention with running positions (with a document "
                     "mask and restarting positions every repeat is identical: 0).",
                     "The seed probes its 1B student over 64 repeats of 2,048 tokens and records every stage; here the "
-                    "logits only, over the phase-2 window.")
+                    "logits only, over the phase-2 window.", _regime(study))
 
 
 def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
@@ -239,24 +252,24 @@ def _judge_query_band(studies: Mapping[str, Path]) -> Finding:
                     plot_pair_changes(per_seed, bands),
                     "Relative change of the query weights per rotary pair during phase 2, one line per seed.",
                     "The seed reads the update pattern off its 1B student's query states over 10B phase-2 tokens; "
-                    f"here the weights themselves after {phase_counts(config)[-1].tokens:,} phase-2 tokens.")
+                    f"here the weights themselves after {phase_counts(config)[-1].tokens:,} phase-2 tokens.", _regime(study))
 
 
 DISTILL_CLAIMS: list[Claim] = [
     Claim("kd-beats-ce", SEED, "Sec. 3, Finding 2 (Figs. 4-5)",
           "Logit KD from a long-context teacher beats cross-entropy at equal tokens: a lower loss on the short "
           "training documents and a better long context, beyond the phase-1 length.",
-          (STUDY,), _judge_kd_beats_ce),
+          (STUDY,), _judge_kd_beats_ce, SEED_REGIME),
     Claim("theta-schedule", SEED, "Sec. 3, Finding 1 (Figs. 3-5)",
           "RoPE theta 10k in the short phase and 500k in the long one beats a constant 10k and a constant 500k "
           "on long context.",
-          (STUDY,), _judge_theta_schedule),
+          (STUDY,), _judge_theta_schedule, SEED_REGIME),
     Claim("probe-perturbation", SEED, "Sec. 4-5 (Fig. 6, App. A)",
           "A block repeated across the window perturbs the output logits through RoPE under causal attention with "
           "running positions, not with a document mask and restarting positions, and less after the long phase "
           "than after the short one.",
-          (STUDY,), _judge_probe),
+          (STUDY,), _judge_probe, SEED_REGIME),
     Claim("query-weights-band", SEED, "Sec. 5 (query-state updates, the abstract's third finding)",
           "During the long phase the query weights change most in a band of mid-frequency rotary pairs.",
-          (STUDY,), _judge_query_band),
+          (STUDY,), _judge_query_band, SEED_REGIME),
 ]
