@@ -1,16 +1,18 @@
-"""Study runs that refer to each other, and the optional report sections (phases, long context, extrapolation)."""
+"""Study runs that refer to each other, and the optional report sections (phases, long context, extrapolation,
+memory)."""
 
 import json
 import shutil
 
 import pytest
+import yaml
 
 from ropelab.config import ConfigError
 from ropelab.study.grid import StudyConfig, expand, references, resolve_references
 from ropelab.study.extrapolation import evaluate_study_extrapolation
 from ropelab.study.grid import load_study
 from ropelab.study.report import write_report
-from ropelab.study.sections import longctx_section, phase_section
+from ropelab.study.sections import longctx_section, memory_section, phase_section
 
 PHASED = {"preset": "tiny-llama", "train": {"phases": [{"name": "short", "steps": 3}, {"name": "long", "steps": 2}]}}
 
@@ -84,3 +86,28 @@ def test_a_bad_extrapolation_option_in_a_study_is_refused_at_load(tmp_path):
     path.write_text("name: x\nvariants: [{name: a}]\nextrapolation: {lengths: [512], methods: [none, pi]}\n")
     with pytest.raises(ConfigError, match=r"s.yaml: extrapolation: methods=none,pi: choose one or more of"):
         load_study(path)
+
+
+def test_memory_section_gives_each_layout_its_tables_and_kv_cache_at_128k(tmp_path):
+    sliding = {"attention": "sliding", "window": 64}
+    models = {
+        "allrope-seed0": {}, "allrope-seed1": {},
+        "lllg-seed0": {"layer_pattern": "LLLG", "layer_kinds": {"L": sliding, "G": {"rope": "none"}}},
+        "lllp-fraction0.25-seed0": {"rope": {"fraction": 0.25}, "layer_pattern": "LLLP",
+                                    "layer_kinds": {"L": sliding, "P": {"rope": {"fraction": 0.25, "style": "truncate"}}}},
+    }
+    for run, model in models.items():
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        (tmp_path / "runs" / run / "config.yaml").write_text(yaml.safe_dump({"model": model}))
+    (tmp_path / "runs" / "not-started").mkdir()
+    section = memory_section(tmp_path)
+    # tiny-llama: 4 layers of one 64-wide KV head; 131,072 positions: a full-RoPE fp32 table (32 pairs) and a
+    # full layer's bf16 keys and values are 32 MiB each, a 64-token window's 16 KiB
+    assert section.title == "RoPE tables and KV cache at 131,072 tokens"
+    assert "| allrope | — | 32.00 MiB | 128.00 MiB |" in section.markdown
+    assert "| lllg | LLLG | 32.00 MiB | 32.05 MiB |" in section.markdown
+    # a quarter of the head twice: sliced and truncated frequencies are two tables
+    assert "| lllp-fraction0.25 | LLLP | 16.00 MiB | 32.05 MiB |" in section.markdown
+    assert "not-started" not in section.markdown and "<td>LLLG</td>" in section.html
+    (tmp_path / "empty" / "runs").mkdir(parents=True)
+    assert memory_section(tmp_path / "empty") is None
