@@ -27,7 +27,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_import(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="SOURCE", help="a Hugging Face hub name or model folder, a .gguf file, or a built-in name such as smollm2-135m (Llama, Qwen2, Qwen3, GPT-NeoX)")
+    p.add_argument("source", metavar="SOURCE", help="a Hugging Face hub name or model folder, a .gguf file, or a built-in name such as smollm2-135m (Llama, SmolLM3, Qwen2, Qwen3, GPT-NeoX)")
     p.add_argument("--out", dest="out_dir", help="new ropelab folder, must not exist or be empty (default: runs/<model name>)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run Python code shipped with the model, its config or its tokenizer "

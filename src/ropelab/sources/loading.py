@@ -114,7 +114,7 @@ def load_config(name: str | Path | Source, trust_remote_code: bool = False) -> t
 
 
 def import_model(source: str, out_dir: str | Path, trust_remote_code: bool = False) -> dict:
-    """Convert a Llama/Qwen2/Qwen3/GPT-NeoX causal LM (hub name, HF folder, GGUF file or built-in name),
+    """Convert a Llama/SmolLM3/Qwen2/Qwen3/GPT-NeoX causal LM (hub name, HF folder, GGUF file or built-in name),
     or a folder ropelab exported with its own modeling code, into a ropelab folder `out_dir` that every
     command reads. `trust_remote_code` lets transformers run code shipped with an HF model.
 
