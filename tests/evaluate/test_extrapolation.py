@@ -161,6 +161,6 @@ def test_a_scaled_config_scales_every_rotating_layer_kind_and_no_nope_one():
         "G": LayerKind(rope={"theta": 1e6, "scaling": {"method": "linear", "factor": 2.0}})})
     yarn = RopeScalingConfig(method="yarn", factor=4.0, original_max_position=32)
     scaled = scaled_config(config, yarn, "methods=yarn")
-    assert [scaled.rope_for_layer(layer).scaling for layer in range(3)] == [yarn, yarn, yarn]
+    assert [scaled.rope_for_layer(layer).scaling for layer in range(3)] == [yarn, yarn, None]  # N is NoPE
     assert scaled.rope_for_layer(1).theta == 1e6 and scaled.rope_for_layer(2).resolve_dims(32) == 0
     assert config.layer_kinds["G"].rope["scaling"]["method"] == "linear"  # the model's own config is left alone

@@ -84,6 +84,19 @@ def test_rope_parameters_nested_by_layer_type():
     config.rope_parameters["sliding_attention"]["rope_theta"] = 10_000.0
     with pytest.raises(ConfigError, match="differ between layer types .*Qwen3ForCausalLM applies one RoPE"):
         model_config_from_hf(config)
+    partial = dict(same, partial_rotary_factor=0.5)  # Qwen3 rotates whole heads: refused, not ignored
+    config.rope_parameters = {"full_attention": dict(partial), "sliding_attention": dict(partial)}
+    with pytest.raises(ConfigError, match="partial_rotary_factor=0.5, but the class rotates every channel"):
+        model_config_from_hf(config)
+
+
+def test_nested_rope_parameters_round_trip():
+    """transformers 5 writes rope_parameters per layer type; equal ones read as one setting and write back."""
+    config = qwen3(**SLIDING, layer_types=MIXED)
+    config.rope_parameters = {kind: dict(YARN) for kind in ("full_attention", "sliding_attention")}
+    ours = model_config_from_hf(config)
+    assert ours.rope.theta == 500.0 and ours.rope.scaling == RopeScalingConfig("yarn", 4.0, 64)
+    assert model_config_from_hf(hf_config_for(dataclasses.replace(ours))) == ours
 
 
 YARN = {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 64}

@@ -161,6 +161,9 @@ def model_config_from_hf(hf_config) -> ModelConfig:
     theta, pct, scaling = _read_rope(hf_config)
     C, H = hf_config.hidden_size, hf_config.num_attention_heads
     D = C // H if arch.fused_qkv else (get("head_dim") or C // H)
+    if not arch.partial_rope and pct != 1.0:
+        raise ConfigError(f"{arch.model_class}: partial_rotary_factor={pct:g}, but the class rotates every channel of "
+                          "each head (its apply_rotary_pos_emb has no pass-through part); ropelab reads 1 only")
     rotary_dims = int(D * pct) if arch.partial_rope else D
     if rotary_dims % 2:
         raise ConfigError(

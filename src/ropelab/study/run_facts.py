@@ -119,11 +119,18 @@ def group_labels(keys: dict[str, str]) -> dict[str, str]:
     flats = {k: json.loads(k) for k in unique}
     names = sorted(set().union(*flats.values()))
     varying = [n for n in names if len({json.dumps(f.get(n), default=str) for f in flats.values()}) > 1]
-    preferred = ["model.block", "data.seq_len", "data.corpus", "model.qk_norm", "train.lr"]
+    preferred = ["model.layer_pattern", "model.block", "data.seq_len", "data.corpus", "model.qk_norm", "train.lr"]
     varying.sort(key=lambda n: (preferred.index(n) if n in preferred else len(preferred), n))
-    short = {"data.corpus": "dataset"}
-    labels = {}
-    for k, flat in flats.items():
-        parts = [f"{short.get(n, n.split('.')[-1])}={flat.get(n, '-')}" for n in varying[:4]]
-        labels[k] = ", ".join(parts) + (", ..." if len(varying) > 4 else "")
+    last_parts = [n.split(".")[-1] for n in varying]
+    # the last part names a key unless two varying keys share it (a layer kind's `attention`, say)
+    short = {n: n.split(".", 1)[-1] if last_parts.count(n.split(".")[-1]) > 1 else n.split(".")[-1] for n in varying}
+    short["data.corpus"] = "dataset"
+
+    def label(flat: dict, count: int) -> str:
+        parts = [f"{short[n]}={flat.get(n, '-')}" for n in varying[:count]]
+        return ", ".join(parts) + (", ..." if len(varying) > count else "")
+
+    labels = {k: label(flat, 4) for k, flat in flats.items()}
+    if len(set(labels.values())) < len(labels):  # four keys do not tell some groups apart: name every key
+        labels = {k: label(flat, len(varying)) for k, flat in flats.items()}
     return labels
