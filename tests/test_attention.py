@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from ropelab import attention
 from ropelab.attention import Documents, attend, bucket_lengths, resolve_backend
 from ropelab.config import ModelConfig
+from tests.helpers import fit_lengths
 from ropelab.model import Transformer
 
 
@@ -38,21 +39,8 @@ def outputs_and_grads(fn, q, k, v, upstream):
 document_rows = st.integers(1, 3).flatmap(
     lambda batch: st.integers(4, 48).flatmap(
         lambda T: st.lists(
-            st.lists(st.integers(1, 40), min_size=1, max_size=8).map(lambda ls, T=T: _fit(ls, T)),
+            st.lists(st.integers(1, 40), min_size=1, max_size=8).map(lambda ls, T=T: fit_lengths(ls, T)),
             min_size=batch, max_size=batch)))
-
-
-def _fit(lengths: list[int], T: int) -> list[int]:
-    """Trim or extend document lengths so they sum to T."""
-    out, total = [], 0
-    for n in lengths:
-        n = min(n, T - total)
-        if n:
-            out.append(n)
-            total += n
-    if total < T:
-        out.append(T - total)
-    return out
 
 
 @settings(max_examples=25, deadline=None)

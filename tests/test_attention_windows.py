@@ -11,6 +11,7 @@ from transformers import masking_utils as hf_masks
 from ropelab import attention
 from ropelab.attention import Documents, attend, resolve_backend
 from ropelab.attention_windows import check_window
+from tests.helpers import fit_lengths
 
 H, KV_HEADS, D = 4, 2, 8
 
@@ -97,18 +98,8 @@ def test_auto_blocks_small_windows_and_masks_large_ones():
 
 document_rows = st.integers(1, 2).flatmap(
     lambda batch: st.integers(1, 160).flatmap(
-        lambda T: st.lists(st.lists(st.integers(1, 60), min_size=1, max_size=6).map(lambda ls, T=T: _fit(ls, T)),
+        lambda T: st.lists(st.lists(st.integers(1, 60), min_size=1, max_size=6).map(lambda ls, T=T: fit_lengths(ls, T)),
                            min_size=batch, max_size=batch)))
-
-
-def _fit(lengths, T):
-    out, total = [], 0
-    for n in lengths:
-        n = min(n, T - total)
-        if n:
-            out.append(n)
-            total += n
-    return out + ([T - total] if total < T else [])
 
 
 @settings(max_examples=20, deadline=None)

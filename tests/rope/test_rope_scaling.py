@@ -15,6 +15,7 @@ from ropelab.config import ConfigError, ModelConfig, PhaseConfig, RopeConfig, Ro
 from ropelab.model import Transformer
 from ropelab.rope import RotaryEmbedding, inverse_frequencies, layer_frequencies, rope_angles
 from ropelab.rope.scaling import scale_frequencies
+from tests.helpers import randomize_weights
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -251,7 +252,7 @@ def test_kernel_forming_angles_from_frequencies_falls_back_with_an_attention_fac
 def test_set_scaling_switches_on_yarn_like_a_model_built_with_it():
     config = ModelConfig(vocab_size=64, n_layer=2, d_model=32, n_head=2, d_ff=64, max_seq_len=64)
     yarn = RopeScalingConfig("yarn", 4.0, 16)
-    model = _randomize(Transformer(config))
+    model = randomize_weights(Transformer(config))
     built = Transformer(dataclasses.replace(config, rope=RopeConfig(scaling=yarn))).eval()
     built.load_state_dict(model.state_dict())
     idx = torch.randint(0, 64, (1, 40))
@@ -349,19 +350,10 @@ LLAMA_TYPES = {
 }
 
 
-def _randomize(model: torch.nn.Module) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.1
-            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
-    return model.eval()
-
-
 def _hf_model(class_name: str, config_name: str, **kwargs):
     config = getattr(transformers, config_name)(**HF_COMMON, **kwargs)
     model = getattr(transformers, class_name)._from_config(config, dtype=torch.float32, attn_implementation="eager")
-    return _randomize(model)
+    return randomize_weights(model)
 
 
 def _diff(ours, theirs, length: int = T) -> float:
@@ -420,7 +412,7 @@ def test_gpt_neox_partial_rotary_import_has_hf_logits(rope_type):
 def _tiny(**rope) -> Transformer:
     config = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=64,
                          rope=RopeConfig(theta=100.0, **rope))
-    return _randomize(Transformer(config))
+    return randomize_weights(Transformer(config))
 
 
 def test_static_ntk_exports_as_its_base():
@@ -465,7 +457,7 @@ def test_llama3_round_trips_import_train_export(tmp_path, tiny_overrides):
                                                        "original_max_position_embeddings": 16, "low_freq_factor": 1.0,
                                                        "high_freq_factor": 4.0})
     torch.manual_seed(0)
-    _randomize(transformers.LlamaForCausalLM(config)).save_pretrained(tmp_path / "hf")
+    randomize_weights(transformers.LlamaForCausalLM(config)).save_pretrained(tmp_path / "hf")
     import_model(str(tmp_path / "hf"), tmp_path / "imported")
     not_model = [o for o in tiny_overrides if not o.startswith("model.")]
     run = run_config(overrides=[*not_model, f"train.init_from={tmp_path / 'imported'}", "train.steps=2",

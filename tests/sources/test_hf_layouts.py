@@ -20,6 +20,7 @@ from ropelab.model import Transformer  # noqa: E402
 from ropelab.sources import load, load_config  # noqa: E402
 from ropelab.sources.hf_config_read import model_config_from_hf  # noqa: E402
 from ropelab.sources.hf_config_write import hf_architecture, hf_config_for  # noqa: E402
+from tests.helpers import randomize_weights  # noqa: E402
 
 TOL = 1e-5
 VOCAB, T, WINDOW = 320, 32, 8  # 32 tokens: four windows of 8
@@ -206,16 +207,6 @@ def test_hybrid_releases_are_refused_in_one_line(case, tmp_path):
 # ------------------------------------------------------------------ models: HF -> ropelab -> HF
 
 
-def _randomize(model: torch.nn.Module) -> torch.nn.Module:
-    """Non-trivial values everywhere: norms around 1, weights around 0."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.1
-            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
-    return model.eval()
-
-
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out = model(ids)
@@ -238,7 +229,7 @@ MODELS = {
 def test_hf_folder_loads_with_hf_logits_and_exports_back(case, tmp_path):
     class_name, make = MODELS[case]
     torch.manual_seed(0)
-    theirs = _randomize(getattr(transformers, class_name)._from_config(
+    theirs = randomize_weights(getattr(transformers, class_name)._from_config(
         make(), dtype=torch.float32, attn_implementation="eager"))
     theirs.save_pretrained(tmp_path / "hf")
     ours = load(str(tmp_path / "hf")).model
@@ -277,7 +268,7 @@ ROPELAB_LAYOUTS = {
 def test_ropelab_layout_exports_natively_with_its_logits(case, tmp_path):
     make, class_name = ROPELAB_LAYOUTS[case]
     torch.manual_seed(0)
-    ours = _randomize(Transformer(make()))
+    ours = randomize_weights(Transformer(make()))
     info = save_hf(ours, tmp_path / "hf")
     assert (info["route"], info["architecture"]) == ("native", class_name)
     ids = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
@@ -290,7 +281,7 @@ def test_layout_without_a_native_class_exports_as_ropelab_code(tmp_path):
     kinds = dict(config.layer_kinds, G=dataclasses.replace(config.layer_kinds["G"], temperature=dataclasses.replace(
         config.layer_kinds["G"].temperature, floor_scale=float(WINDOW))))
     torch.manual_seed(0)
-    ours = _randomize(Transformer(dataclasses.replace(config, layer_kinds=kinds)))
+    ours = randomize_weights(Transformer(dataclasses.replace(config, layer_kinds=kinds)))
     info = save_hf(ours, tmp_path / "hf")
     assert info["route"] == "remote_code" and "chunked attention" in info["why"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
