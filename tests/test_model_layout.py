@@ -19,6 +19,11 @@ TINY = dict(vocab_size=97, n_layer=4, d_model=32, n_head=4, n_kv_head=2, d_ff=64
 TEMPERATURE = QueryTemperature(floor_scale=4, attn_scale=0.5)  # factors above 1 within a few tokens
 
 
+def temperature_at(temperature: QueryTemperature, position: int) -> float:
+    """Llama 4's factor at one position, in float64: 1 + attn_scale * log1p(floor((p + 1) / floor_scale))."""
+    return 1.0 + temperature.attn_scale * math.log1p(math.floor((position + 1.0) / temperature.floor_scale))
+
+
 def _model(pattern=None, kinds=None, seed=0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     config = ModelConfig(**{**TINY, **overrides}, layer_pattern=pattern, layer_kinds=kinds or {})
@@ -37,7 +42,7 @@ def _reference_attention(attn, x, position_ids, visible, temperature=None):
     k = attn.k_proj(x).view(B, T, K, D).transpose(1, 2)
     v = attn.v_proj(x).view(B, T, K, D).transpose(1, 2)
     if temperature is not None:
-        factors = torch.tensor([temperature.scale(p) for p in position_ids[0].tolist()])
+        factors = torch.tensor([temperature_at(temperature, p) for p in position_ids[0].tolist()])
         q = q * factors[:, None]
     q, k = attn.rope(q, k, position_ids)
     k, v = k.repeat_interleave(H // K, dim=1), v.repeat_interleave(H // K, dim=1)
@@ -95,7 +100,7 @@ def test_the_temperature_factor_is_llama4s_formula_rounded_to_the_query_dtype(dt
     q = torch.randn(2, 3, 40, 8).to(dtype)
     positions = torch.stack([torch.arange(40), torch.arange(100, 140)])
     got = query_temperature(q, positions, TEMPERATURE)
-    factors = torch.tensor([[TEMPERATURE.scale(p) for p in row] for row in positions.tolist()])  # (B, T) in float64
+    factors = torch.tensor([[temperature_at(TEMPERATURE, p) for p in row] for row in positions.tolist()])  # (B, T) in float64
     assert got.dtype == dtype and factors.max() > 2
     expected = q.double() * factors[:, None, :, None]
     tolerance = 2**-22 if dtype == torch.float32 else 2**-8  # the factor and the product each rounded

@@ -15,14 +15,14 @@ mistake never becomes a traceback. Importing this package does not import torch.
 
 from ropelab.config.build import build_run_config, load_yaml, parse_override, set_dotted
 from ropelab.config.coerce import from_dict
-from ropelab.config.layout import ATTENTION_KINDS, LayerKind, QueryTemperature
+from ropelab.config.layout import LayerKind, QueryTemperature
 from ropelab.config.model import MODEL_PRESETS, ModelConfig
 from ropelab.config.rope import PLAN_KEYS, SCALING_METHODS, RopeConfig, RopeScalingConfig, resolve_rotary_dims
 from ropelab.config.run import AttentionConfig, DataConfig, DistillConfig, PhaseConfig, RunConfig, TrainConfig
 from ropelab.errors import ConfigError
 
 __all__ = [
-    "ATTENTION_KINDS", "AttentionConfig", "ConfigError", "DataConfig", "DistillConfig", "LayerKind", "MODEL_PRESETS", "ModelConfig", "PLAN_KEYS",
+    "AttentionConfig", "ConfigError", "DataConfig", "DistillConfig", "LayerKind", "MODEL_PRESETS", "ModelConfig", "PLAN_KEYS",
     "PhaseConfig", "QueryTemperature", "RopeConfig", "RopeScalingConfig", "RunConfig", "SCALING_METHODS", "TrainConfig",
     "build_run_config", "from_dict", "load_yaml", "parse_override", "resolve_rotary_dims", "set_dotted",
 ]

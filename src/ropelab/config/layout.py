@@ -24,9 +24,6 @@ from typing import Literal, Optional
 from ropelab.config.checks import check_float, check_ints
 from ropelab.errors import ConfigError
 
-ATTENTION_KINDS = ("full", "sliding", "chunked")
-
-
 @dataclass
 class QueryTemperature:
     """Llama 4's attention temperature for NoPE layers (HF `llama4`, `attn_temperature_tuning`): the
@@ -39,12 +36,6 @@ class QueryTemperature:
     def validate(self, key: str) -> None:
         check_float(f"{key}.floor_scale", self.floor_scale, "(0, inf)")
         check_float(f"{key}.attn_scale", self.attn_scale, "[0, inf)")
-
-    def scale(self, position: float) -> float:
-        """The factor at one position (the model applies the same formula to a tensor of positions)."""
-        import math
-
-        return 1.0 + self.attn_scale * math.log1p(math.floor((position + 1.0) / self.floor_scale))
 
 
 @dataclass
