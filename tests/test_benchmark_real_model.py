@@ -77,9 +77,11 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
 
 def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record):
     """Structure only: each training row of each library has its profiled GEMM time (mm at least, only
-    ops of GEMM_OPS), the step time over it, and ropelab's target; forward rows have none."""
+    ops of GEMM_OPS) and its fused attention kernels' time, the step time over the first and over both,
+    and ropelab's targets; forward rows have none."""
     record = quick_record
-    assert record["gemm_ops"][:4] == ["aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"]
+    assert {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm"} <= set(record["gemm_ops"])
+    assert not set(record["gemm_ops"]) & set(record["attention_ops"])
     for precision in record["precisions"]:
         for row in ROWS:
             for library in LIBRARIES:
@@ -92,12 +94,16 @@ def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_reco
                 assert r["gemm_s"] == pytest.approx(sum(op["self_s"] for op in r["gemm_ops"].values()), abs=1e-5)
                 assert 0 < r["gemm_s"] <= r["profiled_s"]  # self times of one thread's ops within the step
                 assert r["gemm_floor"] == pytest.approx(r["median_s"] / r["gemm_s"], rel=1e-3)
-            target = record["targets"][f"{precision}/{row}/gemm_floor"] if row in TRAIN_ROWS else None
-            if target is not None:
-                assert target["target"] == "<= 1.1" and isinstance(target["met"], bool)
-                assert target["value"] == record["results"][f"{precision}/{row}/ropelab"]["gemm_floor"]
-            else:
-                assert f"{precision}/{row}/gemm_floor" not in record["targets"]
+                assert set(r["attention_ops"]) <= set(record["attention_ops"])
+                assert r["attention_s"] == pytest.approx(sum(op["self_s"] for op in r["attention_ops"].values()),
+                                                         abs=1e-5)
+                assert r["product_floor"] == pytest.approx(r["median_s"] / (r["gemm_s"] + r["attention_s"]), rel=1e-3)
+            for floor in ("gemm_floor", "product_floor"):
+                target = record["targets"].get(f"{precision}/{row}/{floor}")
+                assert (target is not None) == (row in TRAIN_ROWS)
+                if target is not None:
+                    assert target["target"] == "<= 1.1" and isinstance(target["met"], bool)
+                    assert target["value"] == record["results"][f"{precision}/{row}/ropelab"][floor]
 
 
 def test_quick_run_compares_the_same_model(quick_record):
@@ -111,6 +117,7 @@ def test_quick_run_compares_the_same_model(quick_record):
 
 def test_quick_run_reports_the_cpu_and_bf16(quick_record):
     cpu = quick_record["cpu"]
+    assert isinstance(quick_record["reuse_freed_memory"], bool)
     assert cpu["model_name"] and set(cpu["flags"]) >= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
     assert len(quick_record["loadavg"]["start"]) == 3
     # bf16 is either measured (native bf16) or reported as not measured, with the reason

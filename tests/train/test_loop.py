@@ -158,3 +158,14 @@ def test_checkpoints_without_full_weights_load_from_their_shards(tmp_path, tiny_
     ckpt.load_checkpoint(first, trainers_way)  # the same shards, read as a resume reads them
     assert all(torch.equal(t, trainers_way.state_dict()[name]) for name, t in from_shards.items())
     assert not all(torch.equal(t, final[name]) for name, t in from_shards.items())
+
+
+@pytest.mark.parametrize("setting, calls", [("true", 1), ("false", 0)])
+def test_cpu_runs_keep_freed_memory_unless_told_not_to(tmp_path, tiny_overrides, monkeypatch, setting, calls):
+    import ropelab.train.loop as loop
+
+    made = []
+    monkeypatch.setattr(loop, "reuse_freed_memory", lambda: made.append(True))
+    train(build_run_config(overrides=tiny_overrides + ["train.steps=1", f"train.reuse_freed_memory={setting}"]),
+          tmp_path / "run")
+    assert len(made) == calls

@@ -144,6 +144,9 @@ class TrainConfig:
     # Recompute activations in backward instead of keeping them: none, mlp (each block's norm + MLP) or
     # full (each whole block); less memory for more time (BENCHMARKS.md, "Real model")
     activation_checkpointing: Literal["none", "mlp", "full"] = "none"
+    # CPU runs: glibc keeps freed tensor buffers for the next ones instead of returning them to the kernel,
+    # which spares the page faults of paging them in again (`ropelab.allocator`)
+    reuse_freed_memory: bool = True
     progress: bool = True
     tensorboard: bool = True  # event files in <run>/tensorboard when the tensorboard package is installed
     # Data-parallel ranks the run is planned for (None: the launched world size). The global

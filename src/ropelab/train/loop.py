@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ropelab.allocator import reuse_freed_memory
 from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
@@ -172,6 +173,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     if env.is_main:
         ckpt.clear_partial(run_dir)
 
+    if tc.reuse_freed_memory and device.type == "cpu":
+        reuse_freed_memory()
     torch.manual_seed(config.seed)
     model = Transformer(config.model)
     if weights is not None:
