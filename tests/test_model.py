@@ -298,3 +298,32 @@ def test_a_llama_block_keeps_only_what_backward_cannot_recompute_cheaply(precisi
     per_token = (long - short) / (2 * 24)
     assert per_token == SAVED_PER_TOKEN[precision](32, 48, 4, 2 * 8)
     assert short - 2 * 24 * per_token == SAVED_PER_LAYER[precision](32)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_an_inference_forward_works_in_place_only_on_tensors_no_hook_kept(qk_norm):
+    """Without grad, q and k are rotated and silu(gate) * up formed in place: the logits are those of the
+    forward that makes new tensors (a hooked one; the CPU RoPE kernel gives the reference's bits, the torch
+    rotation differs in the last bit), and a tensor a hook kept is never changed afterwards."""
+    config = ModelConfig(vocab_size=97, n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=96, qk_norm=qk_norm,
+                         rope=RopeConfig(fraction=0.5))
+    model = Transformer(config).eval()
+    idx = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        in_place = model(idx)[0]
+    kept = []
+
+    def keep(module, inputs, output):
+        kept.append((module, inputs[0], output))
+
+    blocks = model.blocks
+    handles = [m.register_forward_hook(keep) for b in blocks for m in (b.attn.q_proj, b.attn.k_proj, b.attn.q_norm,
+                                                                       b.attn.k_norm, b.mlp.gate_proj, b.mlp.up_proj)]
+    with torch.no_grad():
+        hooked = model(idx)[0]
+    for handle in handles:
+        handle.remove()
+    torch.testing.assert_close(in_place, hooked, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        for module, given, output in kept:
+            assert torch.equal(output, module(given)), module

@@ -54,6 +54,12 @@ def project(norm: Optional[nn.Module], x: torch.Tensor, *linears: nn.Linear) -> 
     return tuple(linear(x) for linear in linears)
 
 
+def hooked(*modules: nn.Module) -> bool:
+    """Whether any of `modules` has a forward hook, which may keep its output: then the output is not
+    changed in place (an inference forward otherwise rotates q and k, and forms silu(gate) * up, in place)."""
+    return any(module._forward_hooks for module in modules)
+
+
 class KVCache:
     """Keys (rotated) and values of every token seen so far, per layer: generation passes one to each
     forward, the prompt first, then the new tokens. transformers' Cache classes (DynamicCache) have the
@@ -121,7 +127,9 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         if self.temperature is not None:  # before the (identity) RoPE of a NoPE layer, so RoPE hooks see it
             q = query_temperature(q, position_ids, self.temperature)  # (B, H, T, D)
-        q, k = self.rope(q, k, position_ids)
+        # without grad, q and k are ours alone unless a hook kept the projections: rotate them in place
+        q, k = self.rope(q, k, position_ids, in_place=not torch.is_grad_enabled() and not hooked(
+            self.q_proj, self.k_proj, self.q_norm, self.k_norm))
         if kv_cache is not None:
             k, v = kv_cache.update(k, v, self.layer)  # (B, K, S + T, D)
         y = attend(q, k, v, doc_ids, self.backend, window=self.window)  # (B, H, T, D)
@@ -141,6 +149,8 @@ class MLP(nn.Module):
         """x (B, T, C), normalised here by `norm` if given -> (B, T, C)."""
         if self.swiglu:  # down(silu(gate) * up), keeping only gate and up for backward (ropelab.layers)
             gate, up = project(norm, x, self.gate_proj, self.up_proj)  # (B, T, F) each
+            if not torch.is_grad_enabled() and not hooked(self.gate_proj, self.up_proj):
+                return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # ours alone: no new (B, T, F) tensors
             return swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
         (up,) = project(norm, x, self.up_proj)
         return self.down_proj(F.gelu(up))

@@ -117,7 +117,7 @@ def test_fraction_zero_model_ignores_positions_and_theta(rope_kw, cache, theta, 
         unrotated = _tiny(RopeConfig(fraction=1.0))
         unrotated.load_state_dict(model.state_dict())
         for rope in unrotated.ropes:
-            rope.forward = lambda q, k, position_ids: (q, k)
+            rope.forward = lambda q, k, position_ids, in_place=False: (q, k)
         assert torch.equal(unrotated(idx, position_ids=shuffled)[0], reference)
     assert model.rope_cache_bytes() == 0
 

@@ -218,7 +218,8 @@ class RotaryEmbedding(nn.Module):
 
         return rotation
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor,
+                in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, T, D), k (B, Hk, T, D), position_ids (B, T) -> rotated q, k.
 
         With ``inplace`` None (auto) q and k are rotated in place, by `PartialRotary`, when
@@ -230,17 +231,18 @@ class RotaryEmbedding(nn.Module):
         same numbers up to float32 rounding (the CPU kernel gives the reference's bits; the
         torch path differs in the last bit from fused multiply-adds); pass-through channels
         are bit-identical either way.
-        ``inplace = True`` also rotates tensors that need no grad in place (inference).
+        ``inplace = True``, or the caller's ``in_place`` (q and k are its own, as `Attention`'s are
+        in an inference forward), also rotates tensors that need no grad in place.
         ``inplace = False`` always uses the reference."""
         if self.rotary_dims == 0:
             return q, k
         if length_dependent(self.config.scaling) and not torch.compiler.is_compiling():
             self._follow_length(position_ids)  # before a kernel reads the frequencies or the table
         if self.per_head:
-            return self._rotate_per_head(q, k, position_ids)
+            return self._rotate_per_head(q, k, position_ids, in_place)
         cos_sin = None
         if self.inplace is not False and not torch.compiler.is_compiling():
-            force = bool(self.inplace)
+            force = bool(self.inplace) or in_place
             rotation = self._kernel_rotation(q, k, position_ids)
             if rotation is not None:
                 rotated = rotate_in_place(q, k, rotation, force)
@@ -255,7 +257,8 @@ class RotaryEmbedding(nn.Module):
             apply_partial_rope(k, cos, sin, self.rotary_dims, self.layout),
         )
 
-    def _rotate_per_head(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotate_per_head(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor,
+                         in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` for KV heads of their own frequencies: each query head takes its KV group's angles.
         In place (same rules as `forward`) with the eager rotation, else the reference."""
         cos_k, sin_k = self.cos_sin(position_ids)  # (B or 1, K, T, r/2)
@@ -268,7 +271,7 @@ class RotaryEmbedding(nn.Module):
                 rotate_(q.unflatten(1, (K, group)), cos_g, sin_g, r, layout, inverse)  # a view: q rotates in place
                 rotate_(k, cos_k, sin_k, r, layout, inverse)
 
-            rotated = rotate_in_place(q, k, rotation, bool(self.inplace))
+            rotated = rotate_in_place(q, k, rotation, bool(self.inplace) or in_place)
             if rotated is not None:
                 return rotated
         cos_q, sin_q = cos_k.repeat_interleave(group, dim=1), sin_k.repeat_interleave(group, dim=1)  # (., H, T, r/2)
