@@ -4,7 +4,6 @@ import os
 import platform
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -13,41 +12,33 @@ from ropelab import allocator
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="glibc's mallopt: Linux with glibc only")
 
-# faults paging in a 48 MiB tensor, twice (above glibc's largest automatic mmap threshold, 32 MiB)
-FAULTS = textwrap.dedent("""
-    import resource, sys, torch
-    from ropelab.allocator import reuse_freed_memory
-    applied = reuse_freed_memory() if sys.argv[1] == "reuse" else False
+class RecordingLibc:
+    def __init__(self):
+        self.calls = []
 
-    def faults():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        x = torch.ones(12 * 2**20)
-        del x
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    print(applied, faults(), faults())
-""")
-
-
-def clean_environ() -> dict:
-    """This process's environment without any malloc choice of the user's."""
-    return {k: v for k, v in os.environ.items()
-            if k not in allocator.USER_SETTINGS and k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
-
-
-def fault_counts(mode: str) -> tuple[bool, int, int]:
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode], env=clean_environ(), capture_output=True, text=True,
-                         check=True).stdout.split()
-    return out[0] == "True", int(out[1]), int(out[2])
+    def mallopt(self, option, value):
+        self.calls.append((option, value))
+        return 1
 
 
 @needs_glibc
-def test_freed_buffers_are_reused_instead_of_paged_in_again():
-    applied, first, second = fault_counts("reuse")
-    assert applied and first > 0
-    assert second < first / 10  # the freed 48 MiB served the second tensor
-    _, plain_first, plain_second = fault_counts("plain")
-    assert plain_second > plain_first / 2  # glibc's defaults map and fault it in again
+def test_glibc_gets_both_thresholds(monkeypatch):
+    for key in (*allocator.USER_SETTINGS, "LD_PRELOAD", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(key, raising=False)
+    libc = RecordingLibc()
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
+    assert allocator.reuse_freed_memory() is True
+    assert libc.calls == [(-3, 32 << 20), (-1, 1 << 30)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
+
+
+@needs_glibc
+def test_the_real_mallopt_takes_them():
+    """In a fresh interpreter with no malloc setting of the user's, glibc accepts both values."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in allocator.USER_SETTINGS and k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+    out = subprocess.run([sys.executable, "-c", "from ropelab.allocator import reuse_freed_memory as r; print(r())"],
+                         env=environ, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
 
 
 @pytest.mark.parametrize("environ, reason", [

@@ -6,12 +6,16 @@ the kernel on free, and it returns the free top of its heap to the kernel beyond
 threshold. The next tensor of that size is then paged in again, one zero-filled page fault at a
 time. A training step frees and allocates its activations every layer, so its elementwise ops
 spend most of their time in those faults: on SmolLM2-135M at 4 x 512 tokens (AMD EPYC, AVX2, 2
-threads) the SwiGLU multiplies took 334 ms per 6 layers and 62 ms with the thresholds raised, and a
-whole step went from 24.9 s to 22.4 s (BENCHMARKS.md, "Real model").
+threads) the SwiGLU multiplies took 334 ms per 6 layers, and 62 ms with freed buffers kept
+(BENCHMARKS.md, "Real model", for the whole step).
 
-`reuse_freed_memory()` raises both thresholds, so freed buffers stay in the process and serve the
-next allocations. The price is that the process does not shrink after a peak: its resident memory
-stays near the largest it has needed, which a training process reaches again every step anyway.
+`reuse_freed_memory()` fixes the mmap threshold at glibc's largest, 32 MiB, from the start, and
+keeps up to 1 GiB of free heap top, so freed buffers stay in the process and serve the next
+allocations. Blocks above 32 MiB (an embedding-sized gradient, a loss chunk's logits) are still
+mapped and returned on free, so they do not fragment the heap; with them on the heap too (a
+1 GiB mmap threshold) the step was no faster and its peak higher. The price is that the process
+does not shrink after a peak: its resident memory stays near the largest it has needed, which a
+training process reaches again every step anyway.
 `train()` calls it on CPU runs (`train.reuse_freed_memory`, on by default).
 
 It changes nothing where the user has chosen an allocator or its settings (`LD_PRELOAD` of
@@ -27,7 +31,8 @@ import platform
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
-THRESHOLD_BYTES = 1 << 30  # blocks up to 1 GiB come from the heap, and up to 1 GiB of free heap top is kept
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's own largest: blocks up to 32 MiB come from the heap from the start
+TRIM_THRESHOLD_BYTES = 1 << 30  # up to 1 GiB of free heap top is kept
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
@@ -57,7 +62,8 @@ def reuse_freed_memory() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD_BYTES))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
 __all__ = ["reuse_freed_memory", "why_not_reuse"]
