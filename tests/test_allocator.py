@@ -12,6 +12,7 @@ from ropelab import allocator
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="glibc's mallopt: Linux with glibc only")
 
+
 class RecordingLibc:
     def __init__(self):
         self.calls = []

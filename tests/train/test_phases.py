@@ -99,9 +99,9 @@ def test_a_phase_switches_yarn_on_in_training(monkeypatch, tmp_path, tiny_overri
     """Phase 2 of a run trains with the YaRN it switches on; the checkpoint loads with it."""
     seen, forward = [], RotaryEmbedding.forward
 
-    def recording(self, q, k, position_ids):
+    def recording(self, q, k, position_ids, **kwargs):
         seen.append(None if self.config.scaling is None else self.config.scaling.method)
-        return forward(self, q, k, position_ids)
+        return forward(self, q, k, position_ids, **kwargs)
 
     monkeypatch.setattr(RotaryEmbedding, "forward", recording)
     config = build_run_config(overrides=[*tiny_overrides, "train.eval_every=2", "train.checkpoint_every=2",
