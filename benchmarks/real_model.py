@@ -503,7 +503,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
           f"load average {load_start}")
     print("malloc: " + ("glibc keeps freed buffers (ropelab.allocator), for both libraries' timed runs and ropelab's "
                         "memory subprocesses" if args.reuse_freed_memory
-                        else f"glibc's own settings ({why_not_reuse() or '--malloc default'})"))
+                        else "glibc's own settings (" + ("--malloc default" if args.malloc == "default"
+                                                          else why_not_reuse() or "mallopt refused") + ")"))
     for precision, reason in not_measured.items():
         print(f"{precision}: {reason}")
 

@@ -11,6 +11,7 @@ from ropelab import allocator
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="glibc's mallopt: Linux with glibc only")
+MALLOC_ENVIRONMENT = (*allocator.USER_SETTINGS, "LD_PRELOAD", "GLIBC_TUNABLES")  # the user's malloc choices
 
 
 class RecordingLibc:
@@ -24,7 +25,7 @@ class RecordingLibc:
 
 @needs_glibc
 def test_glibc_gets_both_thresholds(monkeypatch):
-    for key in (*allocator.USER_SETTINGS, "LD_PRELOAD", "GLIBC_TUNABLES"):
+    for key in MALLOC_ENVIRONMENT:
         monkeypatch.delenv(key, raising=False)
     libc = RecordingLibc()
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
@@ -35,8 +36,7 @@ def test_glibc_gets_both_thresholds(monkeypatch):
 @needs_glibc
 def test_the_real_mallopt_takes_them():
     """In a fresh interpreter with no malloc setting of the user's, glibc accepts both values."""
-    environ = {k: v for k, v in os.environ.items()
-               if k not in allocator.USER_SETTINGS and k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+    environ = {k: v for k, v in os.environ.items() if k not in MALLOC_ENVIRONMENT}
     out = subprocess.run([sys.executable, "-c", "from ropelab.allocator import reuse_freed_memory as r; print(r())"],
                          env=environ, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
