@@ -15,8 +15,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.fixture(scope="session", autouse=True)
 def ropelab_cache(tmp_path_factory):
-    """One tokenizer/token cache for the whole test session, never the user's own."""
-    path = os.environ.get("ROPELAB_TEST_CACHE") or str(tmp_path_factory.mktemp("ropelab-cache"))
+    """One cache (tokenizers, tokens, imported models) for the whole test session, never the user's own.
+    pytest-xdist's workers share it, beside their own temporary folders: an entry is built once, by the
+    first worker that needs it, while the others wait (the cache's own locks, as two jobs on a cluster)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent / "ropelab-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "ropelab-cache"
+    path = os.environ.get("ROPELAB_TEST_CACHE") or str(shared)
+    Path(path).mkdir(parents=True, exist_ok=True)
     os.environ["ROPELAB_CACHE"] = path
     return path
 

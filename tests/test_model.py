@@ -134,6 +134,23 @@ def test_init_and_vocab_required():
         Transformer(ModelConfig(**{**TINY, "vocab_size": None}))
 
 
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_a_model_built_for_loading_draws_nothing_and_computes_the_loaded_weights(block):
+    reference = _model(seed=3, **BLOCKS[block])
+    torch.manual_seed(5)
+    rng = torch.get_rng_state()
+    empty = Transformer(ModelConfig(**{**TINY, **BLOCKS[block]}), init=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # no random draws: a loader's stream stays the caller's
+    assert [n for n, _ in empty.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    assert all(p.device.type == "cpu" and not p.is_meta for p in empty.parameters())
+    assert (empty.lm_head.weight is empty.embed.weight) == reference.config.tie_embeddings
+    empty.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, TINY["vocab_size"], (2, 9))
+    assert torch.equal(empty.eval()(ids)[0], reference(ids)[0])
+    with torch.device("meta"):  # the caller's device: a meta model stays one
+        assert Transformer(ModelConfig(**TINY), init=False).embed.weight.is_meta
+
 def _saved_activation_bytes(model: Transformer, ids: torch.Tensor) -> int:
     """Bytes of the distinct non-parameter tensors autograd keeps for backward of the loss (what activation
     checkpointing leaves saved outside its recomputed regions)."""

@@ -9,10 +9,13 @@
                                 not empty text, not a file, and no entry the command did not write
   check_folder_name(name, key)  a name from a config or the command line that names a folder inside
                                 --out (a study's run id): one path component, never ``..``
+  one_at_a_time(lock_file)      an exclusive flock held for a block: a second process waits for the
+                                first, so a cache entry is built once by whichever process comes first
 """
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import os
 import re
@@ -22,6 +25,17 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from ropelab.config import ConfigError
+
+
+@contextmanager
+def one_at_a_time(lock_file: Path) -> Iterator[None]:
+    """An exclusive flock on `lock_file` (made if absent, never deleted: deleting it would let two processes
+    lock two files of one name) for the block. The kernel drops it when its holder dies, however it dies."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:

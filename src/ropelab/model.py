@@ -6,6 +6,7 @@ S tokens held by a key/value cache (generation), before this forward's T.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -193,7 +194,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, init: bool = True):
+        """`init=False`: the weights are left unset (uninitialised memory, no random draws) for a caller that
+        loads every one of them next; building SmolLM2-135M then takes milliseconds instead of seconds."""
         super().__init__()
         if config.vocab_size is None:
             raise ValueError("ModelConfig.vocab_size must be set before building a model (it follows the tokenizer)")
@@ -209,13 +212,18 @@ class Transformer(nn.Module):
                 ropes[key] = RotaryEmbedding(copy.deepcopy(rope_config), config.head_size, config.kv_heads)
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config, rope, layer) for layer, rope in enumerate(layer_ropes))
-        self.final_norm = make_norm(config, config.d_model)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        device = torch.get_default_device()
+        with contextlib.nullcontext() if init else torch.device("meta"):  # meta: no values, no time
+            self.embed = nn.Embedding(config.vocab_size, config.d_model)
+            self.blocks = nn.ModuleList(Block(config, rope, layer) for layer, rope in enumerate(layer_ropes))
+            self.final_norm = make_norm(config, config.d_model)
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if not init:
+            self.to_empty(device=device)  # the rotary embeddings hold no tensors, so only the weights move
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.reset_parameters()
+        if init:
+            self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Normal(0, init_std) for every weight matrix and embedding; zero biases; unit norms."""

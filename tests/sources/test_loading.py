@@ -74,3 +74,33 @@ def sources(tmp_path_factory) -> dict:
 ])
 def test_each_module_is_entered_once(sources, kind, path):
     assert entered(sources[kind]) == path
+
+
+def test_callers_importing_one_gguf_file_at_once_convert_it_once(tmp_path, monkeypatch):
+    """Two jobs of a cluster on one cache: the second waits for the first's import and reads it."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ropelab.config import ModelConfig
+    from ropelab.sources import cached_import, loading
+    from ropelab.sources.hf_models import Converted
+    from ropelab.sources.locate import Source
+
+    monkeypatch.setenv("ROPELAB_CACHE", str(tmp_path / "cache"))
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"GGUF")
+    converting = []
+
+    def slow_conversion(source):
+        converting.append(threading.get_ident())
+        time.sleep(0.5)  # both callers have looked for the folder by now
+        model = Transformer(ModelConfig(vocab_size=320, n_layer=1, d_model=32, n_head=2, d_ff=64))
+        return Converted(model, "LlamaForCausalLM", "bytes", "byte-level")
+
+    monkeypatch.setattr(loading, "_converted", slow_conversion)
+    source = Source("model.gguf", "gguf", str(file))
+    with ThreadPoolExecutor(2) as pool:  # flock excludes two open() of one file, threads or processes alike
+        first, second = pool.map(lambda _: cached_import(source), range(2))
+    assert len(converting) == 1 and first.checkpoint == second.checkpoint and first.checkpoint.is_dir()
+    assert sorted(p.name for p in first.run_dir.parent.iterdir()) == [f".{first.run_dir.name}.lock", first.run_dir.name]

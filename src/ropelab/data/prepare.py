@@ -21,7 +21,6 @@ write is cut in the middle.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -38,6 +37,7 @@ from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
 from ropelab.errors import WriteFailed, is_storage_error, one_line
+from ropelab.files import one_at_a_time
 
 DEFAULT_SHARD_TOKENS = 2**28
 PROGRESS = "progress.json"
@@ -92,15 +92,6 @@ def _progress(enabled: bool, total: Optional[int]):
     return Progress(*columns, disable=not enabled, transient=False)
 
 
-@contextlib.contextmanager
-def _locked(folder: Path):
-    """One preparation per folder at a time (concurrent runs of the built-in corpus wait here)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _first_difference(a: dict, b: dict) -> str:
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
@@ -138,7 +129,7 @@ def prepare(
         raise ConfigError(f"--out {folder}: exists and is not a folder")
     if folder.is_dir() and not any(folder.glob(".lock")) and any(folder.iterdir()):
         raise ConfigError(f"--out {folder}: not empty and holds no preparation; choose a new folder (nothing was written)")
-    with _locked(folder):
+    with one_at_a_time(folder / ".lock"):  # concurrent runs of the built-in corpus wait here
         if (folder / "manifest.json").is_file():
             manifest = read_manifest(folder)
             if manifest["settings"] != settings:

@@ -23,7 +23,16 @@ the document mask and restarting positions every repeat computes exactly the sam
 
 from ropelab.probe.config import ALL_MODES, ProbeConfig, ProbeMode, parse_layers, parse_modes, parse_stages
 from ropelab.probe.cost import memory_estimate
-from ropelab.probe.runner import run_probe, weight_updates
+
+
+def __getattr__(name: str):
+    # the runner imports torch, the model and the plotting stack: only when it is asked for, so that the
+    # command line reads the probe's options (ropelab.probe.config) in a fraction of a second
+    if name in ("run_probe", "weight_updates"):
+        from ropelab.probe import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ALL_MODES", "ProbeConfig", "ProbeMode", "parse_layers", "parse_modes", "parse_stages", "memory_estimate",

@@ -74,7 +74,7 @@ def load_export(path: str | Path) -> Transformer:
     from safetensors.torch import load_file
 
     folder = Path(path)
-    model = Transformer(export_model_config(folder))
+    model = Transformer(export_model_config(folder), init=False)
     state: dict[str, torch.Tensor] = {}
     for file in _weight_files(folder):
         try:

@@ -99,7 +99,7 @@ def from_hf(hf_model) -> Transformer:
     if type(hf_model).__name__ != arch.model_class:
         raise ValueError(f"{type(hf_model).__name__}: expected {arch.model_class} (a causal LM with its head)")
     config = model_config_from_hf(hf_model.config)
-    model = Transformer(config)
+    model = Transformer(config, init=False)
     target = model.state_dict()
     keys = dict.fromkeys(_QKV.sub(r"\1qkv.\3", k) for k in target) if arch.fused_qkv else target
     hf_state, modules, state = hf_model.state_dict(), _modules_of(hf_model, arch), {}

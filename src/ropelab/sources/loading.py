@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.tokenizer import Tokenizer, cache_dir, load_tokenizer
-from ropelab.files import refuse_existing
+from ropelab.files import one_at_a_time, refuse_existing
 from ropelab.model import Transformer
 from ropelab.sources.exported import export_model_config, load_export
 from ropelab.sources.hf_config_read import model_config_from_hf
@@ -52,14 +52,12 @@ def _imported(source: Source) -> tuple[Path, Path]:
     latest = lambda: ckpt.latest_checkpoint(folder) if (folder / CONFIG).is_file() else None  # noqa: E731
     checkpoint = latest()
     if checkpoint is None:
-        converted = _converted(source)
-        converted.model.config.name = file.stem  # the folder is the file's, whichever name reached it
-        try:
-            checkpoint = write_converted(converted, folder, str(file), source.kind)
-        except ConfigError:
+        with one_at_a_time(folder.parent / f".{folder.name}.lock"):  # a second process waits, then reads it
             checkpoint = latest()
             if checkpoint is None:
-                raise  # not merely another process that imported it first
+                converted = _converted(source)
+                converted.model.config.name = file.stem  # the folder is the file's, whichever name reached it
+                checkpoint = write_converted(converted, folder, str(file), source.kind)
     return folder, checkpoint
 
 
@@ -79,7 +77,7 @@ def _converted(source: Source) -> Converted:
 
 def _from_checkpoint(checkpoint: Path) -> tuple[Transformer, RunConfig]:
     config, folder = checkpoint_config(checkpoint)
-    model = Transformer(config.model)
+    model = Transformer(config.model, init=False)
     ckpt.load_weights(model, folder)
     return model.eval(), config
 

@@ -139,7 +139,7 @@ def apply_plan(model: Transformer, config: ModelConfig, plans: Plans) -> Transfo
             norm = f"{prefix}.{which}_norm.weight"
             if norm in state:  # shared by every head: `resolve_plans` gave all heads one plan
                 state[norm] = state[norm][orders[0]]
-    converted = Transformer(config)
+    converted = Transformer(config, init=False)
     converted.load_state_dict(state)
     return converted.to(next(model.parameters()).dtype)
 
