@@ -176,7 +176,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     if tc.reuse_freed_memory and device.type == "cpu":
         reuse_freed_memory()
     torch.manual_seed(config.seed)
-    model = Transformer(config.model)
+    # weights that a source, a checkpoint or a branch gives in full next are not drawn first
+    model = Transformer(config.model, init=weights is None and latest is None and branch is None)
     if weights is not None:
         model.load_state_dict(weights)
         del weights
