@@ -5,6 +5,7 @@
     python benchmarks/attention.py --mixed              # document lengths drawn from [doc_len/2, 3*doc_len/2)
     python benchmarks/attention.py --windows            # sliding windows 128..2048 of 4,096 tokens vs full (~30 s)
     python benchmarks/attention.py --windows 256 1024 --window-kind chunked --window-tokens 8192
+    python benchmarks/attention.py --causal-cost --heads 9 --kv-heads 3   # SmolLM2's heads (~20 s)
 
 Methods (the same q/k/v values, timed in rotating order, median of the repeats):
   varlen  attend(..., backend="varlen"): documents grouped by length, one causal SDPA per group
@@ -20,20 +21,25 @@ With --windows, one row of --window-tokens tokens (no documents) per window size
   full    attend(...): causal SDPA, no window (the row W = T, and the ratios' denominator)
   auto    attend(..., window=(kind, W)): the blocked local kernel where it is cheaper, else `masked`
   masked  attend(..., backend="sdpa", window=(kind, W)): one SDPA call with a (T x T) window mask
+
+With --causal-cost, causal SDPA against the same call without the mask (`full`) at each length, batch
+--causal-tokens // T: what a kernel saves by skipping the masked half of the scores. causal / full is
+about 0.5 where it skips all of them, 1.0 where it computes every score and masks them afterwards.
+(PyTorch's CPU flash kernel skips whole key blocks of 512, so at 512 tokens and less it skips none.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
 from ropelab.attention import Documents, attend, resolve_backend
-from ropelab.attention_windows import check_window
+from ropelab.attention_windows import check_window, sdpa
+from ropelab.machine import cpu_kind
 
 
 def timed(methods: dict, reps: dict) -> dict[str, list[float]]:
@@ -50,7 +56,7 @@ def timed(methods: dict, reps: dict) -> dict[str, list[float]]:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=16_384)
     parser.add_argument("--doc-len", type=int, default=256)
@@ -67,10 +73,16 @@ def main() -> None:
                         help="window sizes to time instead of documents (no sizes: 128 512 1024 2048)")
     parser.add_argument("--window-kind", choices=("sliding", "chunked"), default="sliding")
     parser.add_argument("--window-tokens", type=int, default=4096)
-    args = parser.parse_args()
+    parser.add_argument("--causal-cost", type=int, nargs="*", default=None, metavar="T",
+                        help="lengths at which to time causal against unmasked SDPA (no lengths: 256 512 1024 2048)")
+    parser.add_argument("--causal-tokens", type=int, default=2048, help="tokens per --causal-cost call (batch x T)")
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.windows is not None:
+    if args.causal_cost is not None:
+        args.reps = args.reps or 5
+        causal_cost(args)
+    elif args.windows is not None:
         args.reps, args.dense_reps = args.reps or 3, args.dense_reps or 2
         window_sweep(args)
     else:
@@ -128,7 +140,7 @@ def documents_benchmark(args, parser) -> None:
     print(f"varlen / batch = {overhead:.2f}x   (target <= 1.5x)")
     print(json.dumps({
         "benchmark": "attention_doc_mask", "tokens": T, "doc_len": L, "mixed": args.mixed, "documents": documents, "heads": H, "kv_heads": K, "head_dim": D,
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_kind(),
         "median_s": {k: round(v, 4) for k, v in median.items()}, "all_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
         "dense_over_varlen": round(speedup, 2), "varlen_over_batch": round(overhead, 3),
     }))
@@ -167,9 +179,42 @@ def window_sweep(args) -> None:
     print(json.dumps({
         "benchmark": "attention_windows", "tokens": T, "kind": kind, "heads": H, "kv_heads": K, "head_dim": D,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(), "auto_backend": {str(w): picked[w] for w in sizes},
+        "cpu": cpu_kind(), "auto_backend": {str(w): picked[w] for w in sizes},
         "median_s": {k: round(v, 4) for k, v in median.items()},
         "over_full": {k: round(v / full, 3) for k, v in median.items()},
+    }))
+
+
+def causal_cost(args) -> None:
+    H, K, D = args.heads, args.kv_heads, args.head_dim
+    lengths = sorted(set(args.causal_cost or [256, 512, 1024, 2048]))
+    gen = torch.Generator().manual_seed(0)
+
+    def method(batch: int, T: int, causal: bool):
+        q, k, v = (torch.randn(batch, h, T, D, generator=gen).requires_grad_() for h in (H, K, K))
+        upstream = torch.randn(batch, H, T, D, generator=gen)
+
+        def run():
+            torch.autograd.grad(sdpa(q, k, v, None, causal), (q, k, v), upstream)
+        return run
+
+    batches = {T: max(1, args.causal_tokens // T) for T in lengths}
+    methods = {f"{name}@{T}": method(batches[T], T, name == "causal") for T in lengths for name in ("causal", "full")}
+    median = {name: statistics.median(t) for name, t in timed(methods, dict.fromkeys(methods, args.reps)).items()}
+    ratio = {T: median[f"causal@{T}"] / median[f"full@{T}"] for T in lengths}
+
+    cpu = cpu_kind()
+    print(f"causal against unmasked SDPA; q heads {H}, kv heads {K}, head_dim {D}; fp32; threads "
+          f"{torch.get_num_threads()}; forward + backward; median of {args.reps}; CPU {cpu['model_name']} "
+          f"({cpu['torch_cpu_capability']})")
+    print(f"{'T':>6} {'batch':>6} {'causal s':>9} {'full s':>8} {'causal / full':>14}")
+    for T in lengths:
+        print(f"{T:>6} {batches[T]:>6} {median[f'causal@{T}']:>9.4f} {median[f'full@{T}']:>8.4f} {ratio[T]:>14.2f}")
+    print(json.dumps({
+        "benchmark": "attention_causal_cost", "heads": H, "kv_heads": K, "head_dim": D, "batches": batches,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu,
+        "median_s": {k: round(v, 5) for k, v in median.items()},
+        "causal_over_full": {str(T): round(r, 3) for T, r in ratio.items()},
     }))
 
 

@@ -57,3 +57,15 @@ def test_tiny_shapes_benchmark_reports_every_setting_per_round():
     (round_results,) = record["rounds"]
     assert [r["setting"] for r in round_results] == ["train.micro_batch=2", "train.micro_batch=2 train.grad_accum=2"]
     assert all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in round_results)
+
+
+def test_attention_benchmark_times_causal_against_unmasked_and_windows_against_full():
+    record = _run("attention.py", "--causal-cost", "64", "128", "--causal-tokens", "256", "--reps", "2",
+                  "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--threads", "1")
+    assert record["benchmark"] == "attention_causal_cost" and record["batches"] == {"64": 4, "128": 2}
+    assert set(record["median_s"]) == {"causal@64", "full@64", "causal@128", "full@128"}
+    assert all(r > 0 and math.isfinite(r) for r in record["causal_over_full"].values())
+    assert record["cpu"]["model_name"] and "native_bf16" in record["cpu"]
+    record = _run("attention.py", "--windows", "16", "--window-tokens", "64", "--reps", "1", "--dense-reps", "1",
+                  "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--threads", "1")
+    assert record["benchmark"] == "attention_windows" and set(record["over_full"]) == {"full", "auto@16", "masked@16"}
