@@ -100,6 +100,8 @@ def benchmark_script():
     """load(name) -> the module of benchmarks/<name>.py (benchmarks are scripts, not a package)."""
 
     def load(name: str):
+        if str(BENCHMARKS) not in sys.path:  # as when a script runs: it may import its sibling modules
+            sys.path.append(str(BENCHMARKS))
         spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
