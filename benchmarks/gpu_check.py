@@ -14,7 +14,8 @@ install is needed: the stages run with this checkout's src/ on PYTHONPATH.
    dense mask, a bf16 run killed and resumed exactly, torch.compile, DDP / FSDP2 over NCCL and torchrun
    on the one GPU (tests/test_cuda.py); the fused norm + projection layers under CUDA autocast, bf16 and
    fp16, against autocast's own plain expressions, alone and in a training step (tests/test_layers.py,
-   tests/test_model.py). On a CUDA machine a skipped test fails the stage: nothing there should skip.
+   tests/test_model.py); the chunked loss casting the head once under CUDA autocast against autocast's
+   per-product casts (tests/train/test_loss.py). On a CUDA machine a skipped test fails the stage: nothing there should skip.
 2. gpu: ``benchmarks/gpu.py``, its JSON record kept (also in gpu.json): the RoPE kernel's bandwidth as
    a share of the datasheet HBM peak, tokens/s and MFU of a compiled llama-3.2-1b training step at
    4 x 2048 tokens in bf16; the targets (>= 70% of the peak at fraction 1.0, >= 40% MFU) marked met
@@ -50,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TAIL_CHARS = 3000
 ROPE_TARGET, MFU_TARGET = 0.70, 0.40  # benchmarks/gpu.py's targets
-CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_layers.py", "tests/test_model.py")  # their `cuda`-marked tests
+CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_layers.py", "tests/test_model.py", "tests/train/test_loss.py")  # their `cuda`-marked tests
 
 
 class StageFailed(Exception):

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function
 
+from ropelab.precision import autocast_dtype
+
 
 def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
@@ -116,12 +118,6 @@ def fusable(x: torch.Tensor) -> bool:
     return not (torch.is_autocast_enabled(x.device.type) and has_torch_function((x,)))
 
 
-def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype autocast runs x's device's matrix products in; None while it is off."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-
-
 def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
     """t as autocast hands it to a matrix product of `dtype`: a floating tensor cast, except fp64."""
     if t is None or dtype is None or not t.is_floating_point() or t.dtype in (dtype, torch.float64):
@@ -152,7 +148,7 @@ def _to(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[tor
 class _RMSNormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, norm_weight, eps, *params):  # params: weight, bias (or None) of each linear
-        ctx.autocast = _autocast_dtype(x)  # backward casts as this forward did, whatever is on then
+        ctx.autocast = autocast_dtype(x.device.type)  # backward casts as this forward did, whatever is on then
         ctx.bias_dtypes = [None if b is None else b.dtype for b in params[1::2]]
         with torch.autocast(x.device.type, enabled=False):
             rstd = _rstd(x, eps)
@@ -196,7 +192,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
 class _SwiGLULinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, weight, bias):
-        ctx.autocast = _autocast_dtype(gate)
+        ctx.autocast = autocast_dtype(gate.device.type)
         ctx.bias_dtype = None if bias is None else bias.dtype
         with torch.autocast(gate.device.type, enabled=False):
             hidden = _cast(F.silu(gate) * up, ctx.autocast)

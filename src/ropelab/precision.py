@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,11 @@ class Bf16GemmInFp32(TorchFunctionMode):
         kwargs = {k: _bf16_valued(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         with torch.autocast("cpu", enabled=False):
             return func(*args, **kwargs).to(torch.bfloat16)
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast runs `device_type`'s matrix products in; None while autocast is off there."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def _cpu_bf16_autocast() -> bool:

@@ -152,6 +152,89 @@ def test_bf16_autocast_stays_close_to_fp32():
     assert (W1.grad - W2.grad).norm() <= 0.05 * W2.grad.norm()
 
 
+def _autocast_loss(device, per_product: bool, monkeypatch, teacher: bool, top_k=None):
+    """kd_loss under bf16 autocast on `device`: with its own casts (the head cast once), or `per_product`,
+    with autocast casting the operands of every product itself (what the loss did before it cast them:
+    forced here by making the loss see a torch-function override); the loss, its parts and both gradients,
+    and the head-sized casts made on the way."""
+    import ropelab.train.loss as loss_module
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if per_product:
+        monkeypatch.setattr(loss_module, "has_torch_function", lambda args: True)
+    hs, W, ht, Wt, labels = (t.to(device) for t in _inputs(seed=11, T=40, V=300, C=32))
+    hs.requires_grad_()
+    W.requires_grad_()
+    head_casts = []
+
+    class CountCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if (func is torch.ops.aten._to_copy.default and out.dtype == torch.bfloat16
+                    and out.shape in (W.shape, W.t().shape)):
+                head_casts.append(tuple(out.shape))
+            return out
+
+    with torch.autocast(device, dtype=torch.bfloat16), CountCasts():
+        out = kd_loss(hs, W, labels, TeacherHidden(ht, Wt) if teacher else None, 2.0, 0.5, top_k, 16)
+    out.loss.backward()
+    monkeypatch.undo()
+    return [out.loss, out.kd, out.ce, hs.grad, W.grad], head_casts
+
+
+LOSS_CASES = [(False, None), (True, None), (True, 8)]  # (teacher, top_k)
+
+
+def _loss_under_own_casts_equals_per_product_casts(device, monkeypatch, teacher, top_k):
+    own, own_casts = _autocast_loss(device, False, monkeypatch, teacher, top_k)
+    plain, plain_casts = _autocast_loss(device, True, monkeypatch, teacher, top_k)
+    for a, b in zip(own, plain, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    # 77 kept tokens, 5 chunks: the loss casts the head once; autocast casts it once for the logits (then
+    # cached), and its transpose, a view it never caches, again for every chunk's hidden-state gradient
+    assert own_casts == [(300, 32)]
+    assert plain_casts == [(300, 32)] + [(32, 300)] * 5
+
+
+@pytest.mark.parametrize("teacher,top_k", LOSS_CASES)
+def test_bf16_autocast_head_cast_once_gives_autocasts_own_values_bit_for_bit(teacher, top_k, monkeypatch):
+    _loss_under_own_casts_equals_per_product_casts("cpu", monkeypatch, teacher, top_k)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("teacher,top_k", LOSS_CASES)
+def test_bf16_cuda_autocast_head_cast_once_gives_autocasts_own_values_bit_for_bit(teacher, top_k, monkeypatch):
+    _loss_under_own_casts_equals_per_product_casts("cuda", monkeypatch, teacher, top_k)
+
+
+def test_bf16_gemm_mode_keeps_routing_the_heads_products():
+    """Under precision.Bf16GemmInFp32 (the CPU policy without bf16 units) the loss casts nothing itself and
+    hands every product of every chunk to the mode, which runs it as an fp32 GEMM on bf16-rounded operands."""
+    import torch.nn.functional as F_
+
+    from ropelab.precision import Bf16GemmInFp32
+
+    linears = []
+
+    class CountingMode(Bf16GemmInFp32):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is F_.linear:
+                linears.append(tuple(args[1].shape))
+            return super().__torch_function__(func, types, args, kwargs)
+
+    hs, W, _, _, labels = _inputs(seed=12, T=40, V=300, C=32)
+    hs.requires_grad_()
+    W.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16), CountingMode():
+        out = kd_loss(hs, W, labels, None, chunk_tokens=16)
+    out.loss.backward()
+    # for each of the 5 chunks of 77 kept tokens (16, 16, 16, 16, 13): the logits (head), the hidden states'
+    # gradient (head^T), the head's gradient (the chunk's hidden states^T)
+    assert sorted(set(linears)) == [(32, 13), (32, 16), (32, 300), (300, 32)] and len(linears) == 15
+    assert W.grad.dtype == torch.float32 and W.grad.isfinite().all()
+
+
 def test_cross_entropy_only_and_all_ignored():
     hs, W, _, _, labels = _inputs(seed=5)
     out = kd_loss(hs, W, labels, None, chunk_tokens=11)

@@ -45,6 +45,9 @@ from typing import NamedTuple, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import has_torch_function
+
+from ropelab.precision import autocast_dtype
 
 
 class KDLoss(NamedTuple):
@@ -207,6 +210,14 @@ def _ce_chunk(zs: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, g
     return sums, grad
 
 
+def _add_in_blocks(total: torch.Tensor, part: torch.Tensor, rows: int = 4096) -> None:
+    """total += part for a part of another dtype (a bf16 product into an fp32 gradient), a block of rows at a
+    time: add_ converts its whole operand to total's dtype first, and a (V, C) conversion is over glibc's
+    mmap threshold, so it would be mapped and paged in anew on every call. The same sums either way."""
+    for start in range(0, total.shape[0], rows):
+        total[start:start + rows].add_(part[start:start + rows])
+
+
 class _ChunkedLoss(torch.autograd.Function):
     """Loss and its gradients, chunk by chunk, in one forward pass (gradients in closed form, see
     `_chunk`); backward only scales the stored gradients of the hidden states and the head."""
@@ -220,22 +231,48 @@ class _ChunkedLoss(torch.autograd.Function):
         grad_w = None  # the first chunk's product, then the others added in place
         grad_scale = scale if need_h or need_w else None
         sums = torch.zeros(3, device=hidden.device)
+        # Under autocast (with no torch-function mode taking over its products, as precision.Bf16GemmInFp32
+        # does) the head and the hidden states are cast once, and each chunk's gradient once for both of its
+        # products, which then run with autocast off: autocast would cast the head again for every product
+        # of every chunk (a view of it is never cached) and the gradient once per product. The same casts,
+        # so the same values; the teacher's logits stay autocast's.
+        cast = autocast_dtype(hidden.device.type)
+        plain = not has_torch_function((hidden, weight))  # no mode or tensor subclass routes the products
+        own_casts = cast is not None and plain and torch.float64 not in (hidden.dtype, weight.dtype)  # as autocast
+        head = weight.to(cast) if own_casts else weight
+        states = hidden.to(cast) if own_casts else hidden
+
+        def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            # F.linear, not @: autocast and `ropelab.precision`'s GEMM policy route linear layers only
+            if not own_casts:
+                return F.linear(x, w)
+            with torch.autocast(x.device.type, enabled=False):
+                return F.linear(x, w)
+
+        # Every chunk's fp32 logits in one buffer: a fresh (chunk, V) tensor is over glibc's largest mmap
+        # threshold (32 MiB at 256 x 49k), so each would be mapped and paged in anew. The chunk's gradient
+        # is formed in it in place, and used before the next chunk's logits overwrite it.
+        direct = cast is None and plain and hidden.dtype == head.dtype == torch.float32  # the product written into it
+        buffer = hidden.new_empty(min(spec.chunk_tokens, kept.numel()), head.shape[0], dtype=torch.float32)
         for rows in kept.split(spec.chunk_tokens):
-            h = hidden[rows]
-            chunk, grad = _chunk(F.linear(h, weight).float(), labels[rows], rows, spec, grad_scale)
+            h = states[rows]
+            zs = buffer[: len(rows)]
+            zs = torch.mm(h, head.t(), out=zs) if direct else zs.copy_(linear(h, head))
+            chunk, grad = _chunk(zs, labels[rows], rows, spec, grad_scale)
             sums += chunk
-            if grad is not None:
-                grad = grad.to(weight.dtype)
-                if need_h:
-                    # F.linear, not @: autocast and `ropelab.precision`'s GEMM policy route linear layers only
-                    grad_h[rows] = F.linear(grad, weight.t()).to(grad_h.dtype)
-                if need_w:
-                    h = h.to(weight.dtype)
-                    if grad_w is not None and not torch.is_autocast_enabled(h.device.type):
-                        grad_w.addmm_(grad.t(), h)  # in place: no (V, C) temporary
-                    else:
-                        part = F.linear(grad.t(), h.t()).to(weight.dtype)
-                        grad_w = part if grad_w is None else grad_w.add_(part)
+            if grad is None:
+                continue
+            grad = grad.to(head.dtype)
+            if need_h:
+                grad_h[rows] = linear(grad, head.t()).to(grad_h.dtype)
+            if need_w:
+                h = h.to(head.dtype)
+                if grad_w is None:
+                    grad_w = linear(grad.t(), h.t()).to(weight.dtype)
+                elif cast is None:
+                    grad_w.addmm_(grad.t(), h)  # in place: no (V, C) temporary
+                else:
+                    _add_in_blocks(grad_w, linear(grad.t(), h.t()))
         if need_w and grad_w is None:  # no labelled token
             grad_w = torch.zeros_like(weight)
         # kept as attributes, not saved tensors, so that backward can hand them on without a copy
