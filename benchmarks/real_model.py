@@ -336,10 +336,17 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         print(f"{precision}: {reason}")
 
     results, ratios, losses = {}, {}, {}
+    # every training row starts from the loaded weights, so that each row's first losses compare the same model
+    # (after a dozen steps on one batch the two libraries' weights have drifted apart)
+    loaded = {library: {key: t.detach().clone() for key, t in model.state_dict().items()}
+              for library, model in models.items()}
     for precision in precisions:
         for name in rows:
             row = ROWS[name]
             batch, seq = shape_of(row, args.quick)
+            if row.kind == "train":
+                for library, model in models.items():
+                    model.load_state_dict(loaded[library])
             runs = {library: make_run(library, model, row, args.quick, precision) for library, model in models.items()}
             times, first = time_row(runs, args.reps, args.warmup)
             floors = {library: gemm_profile(runs[library]) for library in LIBRARIES} if row.kind == "train" else {}
@@ -365,6 +372,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
             for p in list(ours.parameters()) + list(hf.parameters()):
                 p.grad = None
             gc.collect()
+    del loaded
     load_after_timing = loadavg()
     phases["timing_s"] = round(time.perf_counter() - started - phases["load_s"], 1)
 

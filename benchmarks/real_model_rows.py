@@ -17,7 +17,8 @@ Rows (batch x tokens; `--quick`: 1 x 64, 1 x 256, 2 x 32):
              HF: `hf(input_ids=ids, labels=ids).loss`. Both: `build_optimizer(model, TrainConfig())`
              (fused AdamW, its state allocated first as the trainer does), the same token ids, and
              the same targets (ropelab's labels are HF's shift: the next token, -100 at the end), so
-             their first losses must agree.
+             their first losses must agree. Every training row starts from the loaded weights
+             (real_model.py restores them), so every row's first losses do.
   train-mlp  the same, ropelab with `train.activation_checkpointing=mlp` (each block's norm + MLP run
              again in backward); HF as in `train` (its default, no checkpointing)
   train-full the same with `full` (each whole block run again in backward)

@@ -113,6 +113,12 @@ def test_quick_run_compares_the_same_model(quick_record):
     for key, pair in quick_record["first_losses"].items():
         precision = key.split("/")[0]
         assert pair["ropelab"] == pytest.approx(pair["hf"], rel=FIRST_LOSS_REL[precision]), key
+    # every training row starts from the loaded weights: a library's first loss is the same in each of its rows
+    # (activation checkpointing changes what backward recomputes, not the forward's loss)
+    for precision in quick_record["precisions"]:
+        for library in LIBRARIES:
+            firsts = {quick_record["first_losses"][f"{precision}/{row}"][library] for row in TRAIN_ROWS}
+            assert len(firsts) == 1, (precision, library, firsts)
 
 
 def test_quick_run_reports_the_cpu_and_bf16(quick_record):
