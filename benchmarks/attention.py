@@ -6,6 +6,7 @@
     python benchmarks/attention.py --windows            # sliding windows 128..2048 of 4,096 tokens vs full (~30 s)
     python benchmarks/attention.py --windows 256 1024 --window-kind chunked --window-tokens 8192
     python benchmarks/attention.py --causal-cost --heads 9 --kv-heads 3   # SmolLM2's heads (~20 s)
+    python benchmarks/attention.py --products --heads 9 --kv-heads 3      # the fused kernel against its parts (~10 s)
 
 Methods (the same q/k/v values, timed in rotating order, median of the repeats):
   varlen  attend(..., backend="varlen"): documents grouped by length, one causal SDPA per group
@@ -26,6 +27,14 @@ With --causal-cost, causal SDPA against the same call without the mask (`full`) 
 --causal-tokens // T: what a kernel saves by skipping the masked half of the scores. causal / full is
 about 0.5 where it skips all of them, 1.0 where it computes every score and masks them afterwards.
 (PyTorch's CPU flash kernel skips whole key blocks of 512, so at 512 tokens and less it skips none.)
+
+With --products T (default 512), batch --causal-tokens // T, in fp32 and (on a CPU with native bf16) bf16,
+how much of PyTorch's fused causal attention is matrix products: the kernel's forward + backward
+(`kernel`) against its seven products alone as batched GEMMs over the whole T x T square, as the CPU
+kernel computes it at 512 tokens and less (`products`: QK^T and PV; in backward QK^T again, dO V^T,
+P^T dO, dS K and dS^T Q) and its softmax work as separate ops (`softmax`: scale, causal mask and
+softmax in fp32 and back, then P * (dP - rowsum(P * dP))). benchmarks/real_model.py's GEMM floor
+counts the kernel either as overhead or as products; this says which is nearer the truth per dtype.
 """
 
 from __future__ import annotations
@@ -75,11 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-tokens", type=int, default=4096)
     parser.add_argument("--causal-cost", type=int, nargs="*", default=None, metavar="T",
                         help="lengths at which to time causal against unmasked SDPA (no lengths: 256 512 1024 2048)")
-    parser.add_argument("--causal-tokens", type=int, default=2048, help="tokens per --causal-cost call (batch x T)")
+    parser.add_argument("--causal-tokens", type=int, default=2048,
+                        help="tokens per --causal-cost or --products call (batch x T)")
+    parser.add_argument("--products", type=int, nargs="?", const=512, default=None, metavar="T",
+                        help="time the fused causal kernel against its products and its softmax at T tokens (512)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.causal_cost is not None:
+    if args.products is not None:
+        args.reps = args.reps or 7
+        kernel_parts(args)
+    elif args.causal_cost is not None:
         args.reps = args.reps or 5
         causal_cost(args)
     elif args.windows is not None:
@@ -215,6 +230,61 @@ def causal_cost(args) -> None:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu,
         "median_s": {k: round(v, 5) for k, v in median.items()},
         "causal_over_full": {str(T): round(r, 3) for T, r in ratio.items()},
+    }))
+
+
+def kernel_parts(args) -> None:
+    T, H, K, D = args.products, args.heads, args.kv_heads, args.head_dim
+    if H % K:
+        raise SystemExit(f"--heads {H} must be a multiple of --kv-heads {K}")
+    B = max(1, args.causal_tokens // T)
+    gen = torch.Generator().manual_seed(0)
+    cpu = cpu_kind()
+    dtypes = [torch.float32] + ([torch.bfloat16] if cpu["native_bf16"] else [])
+    methods = {}
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        q, k, v = (torch.randn(B, h, T, D, generator=gen).to(dtype).requires_grad_() for h in (H, K, K))
+        upstream = torch.randn(B, H, T, D, generator=gen).to(dtype)
+
+        def kernel(q=q, k=k, v=v, upstream=upstream):
+            torch.autograd.grad(sdpa(q, k, v, None, True), (q, k, v), upstream)
+
+        # every query head against its own copy of its group's keys and values: the same products per head
+        qs, ks, vs = (x.detach().repeat_interleave(H // x.shape[1], 1).reshape(B * H, T, D) for x in (q, k, v))
+        grad = upstream.reshape(B * H, T, D)
+        scores = torch.randn(B * H, T, T, generator=gen).to(dtype)
+
+        def products(qs=qs, ks=ks, vs=vs, grad=grad, scores=scores):
+            torch.bmm(qs, ks.transpose(1, 2)), torch.bmm(scores, vs)
+            torch.bmm(qs, ks.transpose(1, 2)), torch.bmm(grad, vs.transpose(1, 2))
+            torch.bmm(scores.transpose(1, 2), grad), torch.bmm(scores, ks), torch.bmm(scores.transpose(1, 2), qs)
+
+        masked = ~torch.ones(T, T, dtype=torch.bool).tril()
+
+        def softmax(scores=scores, dtype=dtype):
+            p = torch.softmax(scores.float().mul_(D ** -0.5).masked_fill_(masked, float("-inf")), -1)
+            p.to(dtype)
+            dp = scores.float()
+            (p * (dp - (p * dp).sum(-1, keepdim=True))).to(dtype)
+
+        methods.update({f"kernel/{name}": kernel, f"products/{name}": products, f"softmax/{name}": softmax})
+    median = {key: statistics.median(t) for key, t in timed(methods, dict.fromkeys(methods, args.reps)).items()}
+
+    print(f"causal attention at {T} tokens x batch {B}; q heads {H}, kv heads {K}, head_dim {D}; threads "
+          f"{torch.get_num_threads()}; forward + backward; median of {args.reps}; CPU {cpu['model_name']} "
+          f"({cpu['torch_cpu_capability']}, native bf16: {'yes' if cpu['native_bf16'] else 'no, bf16 not measured'})")
+    print(f"{'dtype':<9} {'kernel ms':>10} {'products ms':>12} {'softmax ms':>11} {'products / kernel':>18}")
+    shares = {}
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        kernel_ms, products_ms, softmax_ms = (median[f"{part}/{name}"] * 1e3 for part in ("kernel", "products", "softmax"))
+        shares[name] = round(products_ms / kernel_ms, 3)
+        print(f"{name:<9} {kernel_ms:>10.1f} {products_ms:>12.1f} {softmax_ms:>11.1f} {shares[name]:>18.2f}")
+    print(json.dumps({
+        "benchmark": "attention_kernel_parts", "tokens": T, "batch": B, "heads": H, "kv_heads": K, "head_dim": D,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu,
+        "median_s": {key: round(value, 5) for key, value in median.items()}, "products_over_kernel": shares,
     }))
 
 

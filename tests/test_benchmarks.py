@@ -69,3 +69,14 @@ def test_attention_benchmark_times_causal_against_unmasked_and_windows_against_f
     record = _run("attention.py", "--windows", "16", "--window-tokens", "64", "--reps", "1", "--dense-reps", "1",
                   "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--threads", "1")
     assert record["benchmark"] == "attention_windows" and set(record["over_full"]) == {"full", "auto@16", "masked@16"}
+
+
+def test_attention_benchmark_splits_the_fused_kernel_into_its_products_and_its_softmax():
+    record = _run("attention.py", "--products", "32", "--causal-tokens", "64", "--reps", "1",
+                  "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--threads", "1")
+    assert record["benchmark"] == "attention_kernel_parts" and record["batch"] == 2 and record["tokens"] == 32
+    # bf16 only where the CPU multiplies it natively: elsewhere its emulated kernels would be timed
+    dtypes = ["float32"] + (["bfloat16"] if record["cpu"]["native_bf16"] else [])
+    assert list(record["products_over_kernel"]) == dtypes
+    assert set(record["median_s"]) == {f"{part}/{d}" for part in ("kernel", "products", "softmax") for d in dtypes}
+    assert all(t > 0 and math.isfinite(t) for t in record["median_s"].values())
