@@ -29,7 +29,10 @@ respect to the student's hidden states and head are computed in closed form (see
 accumulated chunk by chunk during the forward pass (`_ChunkedLoss`, the approach of fused linear
 cross-entropy kernels), so backward holds no chunk's logits either, and none are recomputed. Peak
 memory: about six fp32 (chunk_tokens x V) tensors with a teacher, one without (cross-entropy alone
-works on the logits in place, `_ce_chunk`), plus one gradient of the student's head.
+works on the logits in place, `_ce_chunk`), plus one gradient of the student's head. Every chunk's
+logits go into one buffer, and under autocast the head is cast to its dtype once per call (autocast
+itself would cast the head's transpose again for every chunk): the same values, fewer fresh tensors
+over glibc's mmap threshold to map and page in.
 
 Vocabulary. The teacher's logits cover the ids of the tokenizer both models share; student columns
 beyond them (embedding rows padded to a multiple of 64) get zero teacher probability: they stay in
