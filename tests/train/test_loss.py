@@ -193,7 +193,10 @@ def _loss_under_own_casts_equals_per_product_casts(device, monkeypatch, teacher,
     # 77 kept tokens, 5 chunks: the loss casts the head once; autocast casts it once for the logits (then
     # cached), and its transpose, a view it never caches, again for every chunk's hidden-state gradient
     assert own_casts == [(300, 32)]
-    assert plain_casts == [(300, 32)] + [(32, 300)] * 5
+    if device == "cpu":
+        assert plain_casts == [(300, 32)] + [(32, 300)] * 5
+    else:  # not run here (no GPU in CI): only that autocast casts more often than the loss does
+        assert len(plain_casts) > 1
 
 
 @pytest.mark.parametrize("teacher,top_k", LOSS_CASES)
