@@ -184,6 +184,58 @@ def test_a_pool_ended_right_after_it_started_leaves_no_worker_behind(tmp_path):
         signal.signal(signal.SIGALRM, previous)
 
 
+class _LargeResults:
+    """An encoder whose every result is 16 MiB, far more than a pipe holds (so a worker sends it for a
+    while), each filled with its batch's number."""
+
+    def __call__(self, batch):
+        return [np.full(1 << 22, int(key), dtype=np.int32) for key, _ in batch]
+
+
+def _large_batches(n: int):
+    return iter([[(str(i), "text")] for i in range(n)])
+
+
+def test_workers_with_large_results_and_batches_deliver_every_batch_in_order():
+    """The main process sends a batch to a worker that may be busy sending a result nobody reads yet: a
+    thread in the worker takes batches in meanwhile, so neither side waits on the other."""
+    from ropelab.data.encoding import encoded_batches
+
+    import threading
+
+    big_text = "x" * (1 << 20)  # a 1 MiB batch is more than a pipe holds too
+    batches = iter([[(str(i), big_text)] for i in range(10)])
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(int(result[0][0]) for result in
+                                                        encoded_batches(_LargeResults(), batches, workers=2)),
+                              daemon=True)
+    reader.start()
+    reader.join(120)  # a deadlock fails the test instead of hanging the suite
+    assert not reader.is_alive(), "the main process and a worker waited on each other"
+    assert got == list(range(10))
+
+
+def test_workers_sending_large_results_are_ended_at_once_when_the_reader_stops():
+    """What a Ctrl-C does to `encoded_batches`: the consumer stops while workers still compute or send
+    large results. The workers must be gone within seconds, whatever they were doing. (With
+    multiprocessing.Pool a data prepare hung here at random, in one of three test-suite runs and in the
+    5th of 5 Ctrl-Cs under load: its terminate() can wait forever on the results queue's lock, held by
+    a worker blocked in its send. This test shows the ending works; it does not force that race.)"""
+    import multiprocessing
+    import threading
+
+    from ropelab.data.encoding import encoded_batches
+
+    batches = encoded_batches(_LargeResults(), _large_batches(12), workers=2)
+    assert int(next(batches)[0][0]) == 0
+    time.sleep(0.5)  # the other in-flight results are now being sent, with nobody reading them
+    closer = threading.Thread(target=batches.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive(), "ending the workers hung"
+    assert not multiprocessing.active_children()
+
+
 @pytest.fixture(scope="module")
 def long_source(tmp_path_factory) -> tuple[Path, list[str]]:
     """Enough documents that `data prepare --workers 2` runs for seconds after its first shard."""

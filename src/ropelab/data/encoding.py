@@ -1,16 +1,18 @@
 """Documents to token ids in worker processes, in order (`ropelab.data.prepare`'s encoding).
 
-The main process reads documents and hands batches of them to a pool of workers, which tokenize
+The main process reads documents and hands batches of them to worker processes, which tokenize
 them (EOS appended, BOS prepended on request) and decide their split; results come back in
 submission order, so the output does not depend on the number of workers. Workers ignore SIGINT
-and die quietly on SIGTERM: the main process handles both and ends the pool.
+and die quietly on SIGTERM: the main process handles both and ends the workers.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -63,20 +65,29 @@ class Encoder:
         return out
 
 
-_worker_encoder: Optional[Encoder] = None
-
-
-def _init_worker(encoder: Encoder) -> None:
-    global _worker_encoder
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and ends the pool
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how the pool ends its workers
+def _work(encoder: Encoder, tasks, results) -> None:
+    """A worker: batches from `tasks`, ("ok", encoded) or ("error", exception) to `results`, until None.
+    A thread takes the batches in as they come, so that the main process's sends never wait on this
+    worker while it is busy sending a result the main process has not asked for yet."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and ends the workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how the main process ends them at once
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked since the fork, see encoded_batches
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker_encoder = encoder
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
 
+    def take_in() -> None:
+        while True:
+            batch = tasks.recv()
+            inbox.put(batch)
+            if batch is None:
+                return
 
-def _encode_in_worker(batch):
-    return _worker_encoder(batch)
+    threading.Thread(target=take_in, daemon=True).start()
+    while (batch := inbox.get()) is not None:
+        try:
+            results.send(("ok", encoder(batch)))
+        except Exception as error:  # handed to the main process, which raises it
+            results.send(("error", error))
 
 
 def batches_of(documents: Iterator, chars: int = BATCH_CHARS, most: int = BATCH_DOCUMENTS) -> Iterator[list]:
@@ -93,33 +104,72 @@ def batches_of(documents: Iterator, chars: int = BATCH_CHARS, most: int = BATCH_
 
 
 def encoded_batches(encoder: Encoder, batches: Iterator[list], workers: int) -> Iterator[list]:
-    """Encoded batches in input order; with workers > 1 at most 2 per worker are in flight."""
+    """Encoded batches in input order; with workers > 1, batch i goes to worker i mod workers and at most 2 per
+    worker are in flight.
+
+    Each worker has a pipe of its own each way, and no lock is shared between processes. With
+    multiprocessing.Pool, a Ctrl-C could hang the process for good: its terminate() ends the thread that
+    reads results before it ends the workers, and a worker still sending a large result then holds the
+    results queue's lock, on which terminate() waits (seen in one of three test-suite runs). Here an
+    interrupted run simply ends its workers (SIGTERM) and waits for them."""
     if workers <= 1:
         yield from map(encoder, batches)
         return
     # fork where the platform has it: spawn would re-run a user's unguarded script in every worker
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     # a tokenizer that already used its thread pool warns in every forked child unless this is set
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Workers (and the pool's threads, which start replacements) begin with SIGINT and SIGTERM blocked,
-    # until `_init_worker` has reset them: a worker inherits this process's Python handlers, and a
-    # SIGTERM from a pool ended at once would trip one, be dropped when the handler is reset, and
-    # leave a live worker that the pool waits for forever.
+    # Workers begin with SIGINT and SIGTERM blocked until `_work` has reset them: a worker inherits this
+    # process's Python handlers, and a SIGTERM ending it at once would trip one, be dropped when the
+    # handler is reset, and leave a live worker that this process waits for forever.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    links = []  # (process, its task pipe's sending end, its result pipe's receiving end)
     try:
-        pool = multiprocessing.get_context(method).Pool(workers, _init_worker, (encoder,))
+        for _ in range(workers):
+            task_out, task_in = context.Pipe(duplex=False)
+            result_out, result_in = context.Pipe(duplex=False)
+            process = context.Process(target=_work, args=(encoder, task_out, result_in), daemon=True)
+            process.start()
+            task_out.close()
+            result_in.close()
+            links.append((process, task_in, result_out))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if previous is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
-    with pool:
-        pending: deque = deque()
-        for batch in batches:
-            pending.append(pool.apply_async(_encode_in_worker, (batch,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    finished = False
+    try:
+        in_flight: deque = deque()  # the worker of each batch sent, oldest first
+        for index, batch in enumerate(batches):
+            worker = index % workers
+            links[worker][1].send(batch)
+            in_flight.append(worker)
+            if len(in_flight) >= 2 * workers:
+                yield _result(links[in_flight.popleft()])
+        while in_flight:
+            yield _result(links[in_flight.popleft()])
+        for _, tasks, _ in links:
+            tasks.send(None)
+        finished = True
+    finally:
+        for process, tasks, results in links:
+            if not finished:
+                process.terminate()
+            process.join()
+            tasks.close()
+            results.close()
+
+
+def _result(link) -> list:
+    process, _, results = link
+    try:
+        status, payload = results.recv()
+    except EOFError:
+        raise RuntimeError(f"data prepare: worker process {process.pid} ended without its batch "
+                           f"(exit code {process.exitcode})") from None
+    if status == "error":
+        raise payload
+    return payload
