@@ -41,7 +41,8 @@ QK^T and PV products sit in one loop with the softmax, so a profile cannot split
 two figures, median step time over: the GEMM kernels alone (`gemm_floor`, attention counted as
 overhead), and the GEMM kernels plus the attention kernels (`product_floor`, attention counted as
 matrix products, its softmax included). 1.0 would be a step that does nothing but them; AdamW, norms,
-activations and the loss are the rest. The targets are checked on both.
+activations and the loss are the rest. The targets are checked on both. How much of the attention
+kernel is products: `benchmarks/attention.py --products`.
 
 malloc: by default (`--malloc reuse`) glibc keeps freed buffers for reuse (`ropelab.allocator`, what
 ropelab's trainer sets on CPU runs), in this process, so for both libraries' timed runs, and in
