@@ -226,6 +226,7 @@ def test_workers_sending_large_results_are_ended_at_once_when_the_reader_stops()
 
     from ropelab.data.encoding import encoded_batches
 
+    others = set(multiprocessing.active_children())  # whatever another test left running here
     batches = encoded_batches(_LargeResults(), _large_batches(12), workers=2)
     assert int(next(batches)[0][0]) == 0
     time.sleep(0.5)  # the other in-flight results are now being sent, with nobody reading them
@@ -233,7 +234,7 @@ def test_workers_sending_large_results_are_ended_at_once_when_the_reader_stops()
     closer.start()
     closer.join(60)
     assert not closer.is_alive(), "ending the workers hung"
-    assert not multiprocessing.active_children()
+    assert set(multiprocessing.active_children()) <= others
 
 
 @pytest.fixture(scope="module")
