@@ -100,7 +100,7 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 
 def _cpu_bf16_autocast() -> bool:
-    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return autocast_dtype("cpu") == torch.bfloat16
 
 
 def mixed_precision(device: torch.device | str, bf16: bool, gemm: str = "auto"):

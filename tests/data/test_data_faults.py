@@ -192,19 +192,18 @@ class _LargeResults:
         return [np.full(1 << 22, int(key), dtype=np.int32) for key, _ in batch]
 
 
-def _large_batches(n: int):
-    return iter([[(str(i), "text")] for i in range(n)])
+def _large_batches(n: int, text: str = "text"):
+    return iter([[(str(i), text)] for i in range(n)])
 
 
 def test_workers_with_large_results_and_batches_deliver_every_batch_in_order():
     """The main process sends a batch to a worker that may be busy sending a result nobody reads yet: a
     thread in the worker takes batches in meanwhile, so neither side waits on the other."""
-    from ropelab.data.encoding import encoded_batches
-
     import threading
 
-    big_text = "x" * (1 << 20)  # a 1 MiB batch is more than a pipe holds too
-    batches = iter([[(str(i), big_text)] for i in range(10)])
+    from ropelab.data.encoding import encoded_batches
+
+    batches = _large_batches(10, "x" * (1 << 20))  # a 1 MiB batch is more than a pipe holds too
     got = []
     reader = threading.Thread(target=lambda: got.extend(int(result[0][0]) for result in
                                                         encoded_batches(_LargeResults(), batches, workers=2)),

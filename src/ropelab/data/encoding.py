@@ -120,28 +120,28 @@ def encoded_batches(encoder: Encoder, batches: Iterator[list], workers: int) -> 
     # a tokenizer that already used its thread pool warns in every forked child unless this is set
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Workers begin with SIGINT and SIGTERM blocked until `_work` has reset them: a worker inherits this
-    # process's Python handlers, and a SIGTERM ending it at once would trip one, be dropped when the
-    # handler is reset, and leave a live worker that this process waits for forever.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     links = []  # (process, its task pipe's sending end, its result pipe's receiving end)
-    try:
-        for _ in range(workers):
-            task_out, task_in = context.Pipe(duplex=False)
-            result_out, result_in = context.Pipe(duplex=False)
-            process = context.Process(target=_work, args=(encoder, task_out, result_in), daemon=True)
-            process.start()
-            task_out.close()
-            result_in.close()
-            links.append((process, task_in, result_out))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if previous is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
     finished = False
     try:
+        # Workers begin with SIGINT and SIGTERM blocked until `_work` has reset them: a worker inherits this
+        # process's Python handlers, and a SIGTERM ending it at once would trip one, be dropped when the
+        # handler is reset, and leave a live worker that this process waits for forever.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            for _ in range(workers):
+                task_out, task_in = context.Pipe(duplex=False)
+                result_out, result_in = context.Pipe(duplex=False)
+                process = context.Process(target=_work, args=(encoder, task_out, result_in), daemon=True)
+                process.start()
+                task_out.close()
+                result_in.close()
+                links.append((process, task_in, result_out))
+        finally:  # a worker that failed to start leaves the ones before it to the outer finally
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if previous is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
         in_flight: deque = deque()  # the worker of each batch sent, oldest first
         for index, batch in enumerate(batches):
             worker = index % workers
