@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from ropelab.config import MODEL_PRESETS, ModelConfig, RopeConfig
 from ropelab import layers
 from ropelab import model as model_module
-from ropelab.model import KVCache, Transformer, count_params_meta, model_summary
+from ropelab.kv_cache import KVCache
+from ropelab.model import Transformer, count_params_meta, model_summary
 
 TINY = dict(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=64)
 BLOCKS = {

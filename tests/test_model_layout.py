@@ -9,7 +9,8 @@ import torch
 
 from ropelab.attention import Documents
 from ropelab.config import ConfigError, LayerKind, ModelConfig, QueryTemperature, RopeConfig, build_run_config
-from ropelab.model import KVCache, Transformer, query_temperature
+from ropelab.kv_cache import KVCache
+from ropelab.model import Transformer, query_temperature
 from ropelab.rope import layer_frequencies
 from ropelab.sources import load
 from ropelab.train.loop import train

@@ -38,9 +38,11 @@ first layer), so layers share the dense mask, the varlen grouping or the flex bl
 each per window.
 
 With a key/value cache there are fewer queries than keys: the queries are the last tokens, the keys
-all tokens so far (``doc_ids`` covers the keys). Then every backend is SDPA with a dense mask,
-causal from the queries' offset (and within one document given ``doc_ids`` and the window), over
-the keys from the first one a query can see: one new token at a time that mask is a single row.
+those the cache holds, which may start after the first token (``key_start``: a windowed layer's
+cache drops the keys no later query sees; ``doc_ids`` covers every token seen). Then every backend
+is SDPA with a dense mask, causal from the queries' offset (and within one document given
+``doc_ids`` and the window), over the keys from the first one a query can see: one new token at a
+time that mask is a single row.
 """
 
 from __future__ import annotations
@@ -277,21 +279,29 @@ def attend(
     doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
     backend: str = "auto",
     window: Window = None,
+    key_start: int = 0,
 ) -> torch.Tensor:
-    """q (B, Hq, Tq, D), k/v (B, Hk, T, D), optional doc_ids (B, T) or `Documents` -> (B, Hq, Tq, D).
+    """q (B, Hq, Tq, D), k/v (B, Hk, T, D), optional doc_ids (B, key_start + T) or `Documents` -> (B, Hq, Tq, D).
 
     `window`: None (full causal attention), ("sliding", W) or ("chunked", C).
-    Tq < T with a key/value cache: the queries are the last Tq of the T tokens."""
+    With a key/value cache the queries are the last Tq of the key_start + T tokens seen, and k and v
+    hold the last T of them: `key_start` > 0 where the cache dropped keys no query sees any more
+    (`ropelab.kv_cache`); every key a query sees must be held."""
     Tq, T = q.shape[2], k.shape[2]
-    window = check_window(window, T)
+    tokens = key_start + T
+    window = check_window(window, tokens)
     chosen = resolve_backend(backend, doc_ids, q.device, window, T)
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
-    if Tq != T:
-        first = first_key(window, T - Tq)
-        mask = window_mask(Tq, T, window, q.device, first)
+    if Tq != T or key_start:
+        first = first_key(window, tokens - Tq)  # token index of the first key a query sees
+        if first < key_start:
+            raise ValueError(f"attend: the queries see keys from token {first} on, but the cache holds them "
+                             f"from token {key_start} only")
+        mask = window_mask(Tq, tokens, window, q.device, first)
         if ids is not None:
             mask = document_mask(ids, Tq)[..., first:] & mask
-        return sdpa(q, k[:, :, first:], v[:, :, first:], mask, False)
+        held = first - key_start
+        return sdpa(q, k[:, :, held:], v[:, :, held:], mask, False)
     if chosen == "sdpa":
         mask = None if window is None else window_mask(T, T, window, q.device)
         return sdpa(q, k, v, mask, mask is None)

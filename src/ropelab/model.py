@@ -1,7 +1,7 @@
 """The ropelab transformer: one decoder-only model, sequential (Llama) or parallel (GPT-NeoX) blocks.
 
 Shapes: B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab;
-S tokens held by a key/value cache (generation), before this forward's T.
+S tokens seen by a key/value cache (generation) before this forward's T, of which it holds the last L.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from ropelab.attention import Documents, attend
 from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
+from ropelab.kv_cache import KVCache
 from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_linear
 from ropelab.rope.embedding import RotaryEmbedding
 
@@ -61,29 +62,6 @@ def hooked(*modules: nn.Module) -> bool:
     return any(module._forward_hooks for module in modules)
 
 
-class KVCache:
-    """Keys (rotated) and values of every token seen so far, per layer: generation passes one to each
-    forward, the prompt first, then the new tokens. transformers' Cache classes (DynamicCache) have the
-    same two methods and serve as well."""
-
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []  # per layer (B, K, S, D)
-        self.values: list[torch.Tensor] = []
-
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.keys[layer].shape[2] if layer < len(self.keys) else 0
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this forward's key and value (B, K, T, D) of `layer`; returns all of its (B, K, S + T, D)."""
-        if layer == len(self.keys):
-            self.keys.append(key)
-            self.values.append(value)
-        else:
-            self.keys[layer] = torch.cat([self.keys[layer], key], dim=2)
-            self.values[layer] = torch.cat([self.values[layer], value], dim=2)
-        return self.keys[layer], self.values[layer]
-
-
 def query_temperature(q: torch.Tensor, position_ids: torch.Tensor, temperature: QueryTemperature) -> torch.Tensor:
     """q (B, H, T, D) times Llama 4's NoPE temperature at each token's position (B, T): computed in fp32
     and rounded back to q's dtype, as HF's `Llama4TextAttention` does (it counts positions from the
@@ -112,15 +90,10 @@ class Attention(nn.Module):
         self.temperature = kind.temperature  # only on NoPE layers (`ModelConfig.validate`)
         self.backend = "auto"
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        position_ids: torch.Tensor,
-        doc_ids: Optional[torch.Tensor],
-        kv_cache: Optional[KVCache] = None,
-        norm: Optional[nn.Module] = None,
-    ) -> torch.Tensor:
-        """x (B, T, C), normalised here by `norm` if given -> (B, T, C)."""
+    def queries_keys_values(self, x: torch.Tensor, position_ids: torch.Tensor,
+                            norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C), normalised here by `norm` if given -> q (B, H, T, D), k and v (B, K, T, D):
+        projected, QK-normed, q scaled by the NoPE temperature, q and k rotated."""
         B, T, _ = x.shape
         q, k, v = project(norm, x, self.q_proj, self.k_proj, self.v_proj)  # (B, T, H * D), (B, T, K * D) x 2
         q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
@@ -131,9 +104,25 @@ class Attention(nn.Module):
         # without grad, q and k are ours alone unless a hook kept the projections: rotate them in place
         q, k = self.rope(q, k, position_ids, in_place=not torch.is_grad_enabled() and not hooked(
             self.q_proj, self.k_proj, self.q_norm, self.k_norm))
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v, self.layer)  # (B, K, S + T, D)
-        y = attend(q, k, v, doc_ids, self.backend, window=self.window)  # (B, H, T, D)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        doc_ids: Optional[torch.Tensor],
+        kv_cache: Optional[KVCache] = None,
+        norm: Optional[nn.Module] = None,
+    ) -> torch.Tensor:
+        """x (B, T, C), normalised here by `norm` if given -> (B, T, C)."""
+        B, T, _ = x.shape
+        q, k, v = self.queries_keys_values(x, position_ids, norm)
+        key_start = 0  # token index of k's first key
+        if kv_cache is not None:  # it holds the last L of the S tokens it has seen (`ropelab.kv_cache`)
+            seen = kv_cache.get_seq_length(self.layer)  # S
+            k, v = kv_cache.update(k, v, self.layer, {"window": self.window})  # (B, K, L + T, D)
+            key_start = seen + T - k.shape[2]
+        y = attend(q, k, v, doc_ids, self.backend, window=self.window, key_start=key_start)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -248,7 +237,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) -> final-norm hidden states (B, T, C).
 
-        With `kv_cache` (holding S earlier tokens, appended to here) the T tokens come after those:
+        With `kv_cache` (having seen S earlier tokens, appended to here) the T tokens come after those:
         positions default to S..S+T-1, and `doc_ids` covers all S + T tokens."""
         B, T = idx.shape
         if position_ids is None:

@@ -157,6 +157,8 @@ MODEL_VARIANTS = [
     ("model.block=parallel", "model.norm=layernorm", "model.mlp=gelu", "model.attn_bias=true"),
     ("model.qk_norm=true", "model.rope.fraction=0.25", "model.rope.layout=interleaved"),
     ("model.rope_layers={1: {fraction: 0}}", "model.n_kv_head=4"),
+    ("model.n_layer=3", "model.layer_pattern=SCG", "model.layer_kinds={S: {attention: sliding, window: 16}, "
+     "C: {attention: chunked, window: 24}, G: {rope: none, temperature: {floor_scale: 4, attn_scale: 0.5}}}"),
 ]
 
 

@@ -20,7 +20,8 @@ from ropelab.evaluate.longctx_candidates import candidate_logits, candidate_slot
 from ropelab.evaluate.ruler_eval import greedy_continuation, score_ruler_items, stop_ids
 from ropelab.evaluate.ruler_items import RULER_TASK_NAMES, RulerItem
 from ropelab.evaluate.ruler_score import postprocess
-from ropelab.model import KVCache, Transformer
+from ropelab.kv_cache import KVCache
+from ropelab.model import Transformer
 
 BYTES = ByteTokenizer()
 

@@ -4,7 +4,7 @@ Each prompt runs once with its keys and values kept (the model keeps none of its
 forward; a small stand-in for its attention does); then all of the prompt's candidates run side by
 side in one short row, every candidate at the positions right after the prompt and blind to the
 others: one pass of the prompt plus a few tokens per candidate, instead of a pass per candidate.
-The kept keys and values can go on into a `ropelab.model.KVCache` for greedy generation after the
+The kept keys and values can go on into a `ropelab.kv_cache.KVCache` for greedy generation after the
 prompt.
 """
 
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ropelab.attention import attend
-from ropelab.model import KVCache, project
+from ropelab.attention_windows import visible
+from ropelab.kv_cache import KVCache
 
 
 def rank_of_true(scores: Sequence[float]) -> float:
@@ -46,17 +47,18 @@ class _PrefixAttention(nn.Module):
                 norm: Optional[nn.Module] = None) -> torch.Tensor:
         a = self.inner  # `kv_cache`: the model's own cache, never given here (this class is the prefix cache)
         B, T, _ = x.shape
-        q, k, v = project(norm, x, a.q_proj, a.k_proj, a.v_proj)
-        q = a.q_norm(q.view(B, T, a.n_head, a.head_dim)).transpose(1, 2)  # (B, H, T, D)
-        k = a.k_norm(k.view(B, T, a.n_kv_head, a.head_dim)).transpose(1, 2)  # (B, K, T, D)
-        v = v.view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
-        q, k = a.rope(q, k, position_ids)
+        q, k, v = a.queries_keys_values(x, position_ids, norm)  # (B, H, T, D), (B, K, T, D) x 2
         if self.keys is None:
             self.keys, self.values = k, v
-            y = attend(q, k, v)
+            y = attend(q, k, v, window=a.window)
         else:
+            mask = self.suffix_mask
+            if a.window is not None:  # a candidate token sees the prompt's and its own keys within its window
+                query_positions = position_ids[0]
+                key_positions = torch.cat([torch.arange(self.keys.shape[2], device=x.device), query_positions])
+                mask = mask & visible(query_positions[:, None], key_positions[None, :], a.window)
             k, v = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.suffix_mask, enable_gqa=a.n_head != a.n_kv_head)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=a.n_head != a.n_kv_head)
         return a.o_proj(y.transpose(1, 2).reshape(B, T, a.n_head * a.head_dim))
 
 
@@ -99,7 +101,7 @@ def candidate_logits(model, prompts: np.ndarray, slots: torch.Tensor, device="cp
         last = model.hidden_states(torch.from_numpy(prompts).to(device))[:, -1:]  # (N, 1, d_model)
         hidden = model.hidden_states(slots.flatten(1).to(device), position_ids=positions.to(device))  # (N, C*A, d_model)
     if keep is not None:
-        keep.keys, keep.values = [a.keys for a in attentions], [a.values for a in attentions]
+        keep.hold([a.keys for a in attentions], [a.values for a in attentions])
     hidden = torch.cat([last[:, None].expand(N, C, 1, -1), hidden.view(N, C, A, -1)], dim=2)  # (N, C, A + 1, d_model)
     return model.lm_head(hidden).float()
 

@@ -20,7 +20,7 @@ from ropelab.evaluate.longctx_candidates import candidate_logits, candidate_scor
 from ropelab.evaluate.longctx_items import items_fingerprint
 from ropelab.evaluate.ruler_items import RulerItem
 from ropelab.evaluate.ruler_score import postprocess, share_found, summarize_ruler_cell
-from ropelab.model import KVCache
+from ropelab.kv_cache import KVCache
 
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>")
 

@@ -20,7 +20,7 @@ at any length: each layer forms K x R angles per token on every call (`per_head_
 `layer_kind_memory` breaks one model config down by layer kind (`model.layer_pattern`): its cos/sin
 tables (RoPE layers only) and the key/value cache of one sequence, which a sliding layer bounds by its
 window W and a chunked layer by its chunk C (what a cache that drops the keys no query can see any more
-holds, as HF's sliding-window caches do; ropelab's `KVCache` keeps every key).
+holds, as HF's sliding-window caches and ropelab's `KVCache` do).
 """
 
 from __future__ import annotations
