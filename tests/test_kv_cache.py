@@ -11,6 +11,7 @@ from ropelab.attention_windows import first_key
 from ropelab.config import LayerKind, ModelConfig
 from ropelab.kv_cache import KVCache
 from ropelab.model import Transformer
+from tests.helpers import randomize_weights
 
 TINY = dict(vocab_size=97, n_layer=3, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=256)
 LENGTH = 23
@@ -18,14 +19,9 @@ LENGTH = 23
 
 def _model(sliding: int, chunk: int) -> Transformer:
     """One sliding layer (S), one chunked (C), one full NoPE layer (G), weights away from the init."""
-    torch.manual_seed(0)
     kinds = {"S": LayerKind(attention="sliding", window=sliding), "C": LayerKind(attention="chunked", window=chunk),
              "G": LayerKind(rope="none")}
-    model = Transformer(ModelConfig(**TINY, layer_pattern="SCG", layer_kinds=kinds)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return model
+    return randomize_weights(Transformer(ModelConfig(**TINY, layer_pattern="SCG", layer_kinds=kinds)))
 
 
 def _held(window, seen: int) -> int:
