@@ -47,6 +47,7 @@ import torch
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_neox_apply
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_llama_apply
 
+from ropelab import native
 from ropelab.config import RopeConfig
 from ropelab.config import resolve_rotary_dims
 from ropelab.rope import RotaryEmbedding
@@ -69,11 +70,11 @@ void touch(float *x, int64_t rows, int64_t width, int64_t n, int64_t threads) {
 
 def touch_loop():
     """`touch` compiled as rope_cpu's kernel is (same flags, OpenMP), or None without a compiler."""
-    compiler = rope_cpu.c_compiler()
+    compiler = native.c_compiler()
     if compiler is None:
         return None
     try:
-        lib = ctypes.CDLL(str(rope_cpu.compile_library(compiler, TOUCH_SOURCE, "rope_touch")))
+        lib = ctypes.CDLL(str(native.compile_library(compiler, TOUCH_SOURCE, "rope_touch")))
     except (OSError, subprocess.SubprocessError):
         return None
     lib.touch.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]

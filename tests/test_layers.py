@@ -1,7 +1,12 @@
 """ropelab.layers: rms_norm, swiglu and the fused rms_norm_linear and swiglu_linear give the plain
 expressions' values and gradients bit for bit, in fp32, bf16 and mixed (bf16 activations, fp32 weight),
 the fused ones under CPU bf16 autocast too (and on a GPU under CUDA autocast, to one rounding), and
-keep fewer tensors for backward."""
+keep fewer tensors for backward.
+
+On CPU the layers run the C loops of `ropelab.layer_kernels` where they apply; those round where the
+plain expressions round but compute exp and sums their own way, so against the plain expressions they
+are tested to one rounding (fixture `cpu_kernel`), and bit for bit with the loops switched off. The
+fused layers and the unfused ones share the loops, so they stay bit-identical either way."""
 
 from __future__ import annotations
 
@@ -11,11 +16,36 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ropelab import layer_kernels
 from ropelab.layers import rms_norm, rms_norm_linear, swiglu, swiglu_linear
 from ropelab.precision import Bf16GemmInFp32
 
 DTYPES = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
           "bf16-x-fp32-weight": (torch.bfloat16, torch.float32)}
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def cpu_kernel(request, monkeypatch):
+    """The layers with the C loops ("kernel", where a compiler built them) and without ("torch")."""
+    if request.param == "torch":
+        monkeypatch.setattr(layer_kernels, "library", lambda: None)
+    elif layer_kernels.library() is None:
+        pytest.skip("the C loops are unavailable here (no compiler, or ROPELAB_CPU_KERNEL=0)")
+    return request.param == "kernel"
+
+
+def assert_matches_plain(ours, plain, kernel: bool, rounding_dtype: torch.dtype):
+    """ours equals the plain expression's value: bit for bit on the torch path; with the C loops, to one
+    rounding of `rounding_dtype` (the coarsest dtype the expression rounds to) at the tensor's scale, as
+    exp and the sums differ there in their last bit."""
+    assert ours.dtype == plain.dtype and ours.shape == plain.shape
+    if not kernel:
+        assert torch.equal(ours, plain)
+        return
+    eps = torch.finfo(rounding_dtype).eps
+    if rounding_dtype == torch.float32:
+        eps *= 16  # sums over a row or over tokens, in another order
+    torch.testing.assert_close(ours, plain, rtol=eps, atol=eps * plain.abs().max().item())
 
 
 def plain_rms_norm(x, weight, eps):
@@ -64,7 +94,7 @@ def saved_bytes(fn, inputs, context=contextlib.nullcontext) -> int:
 
 @pytest.mark.parametrize("shape", [(3, 17, 48), (2, 4, 9, 16)], ids=["block", "qk-norm"])
 @pytest.mark.parametrize("dtypes", sorted(DTYPES))
-def test_rms_norm_equals_the_plain_expression_bit_for_bit(dtypes, shape):
+def test_rms_norm_equals_the_plain_expression(dtypes, shape, cpu_kernel):
     x_dtype, w_dtype = DTYPES[dtypes]
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=gen) * 3).to(x_dtype)
@@ -72,30 +102,29 @@ def test_rms_norm_equals_the_plain_expression_bit_for_bit(dtypes, shape):
     inputs = (x.requires_grad_(), weight.requires_grad_())
     ours, ours_grads = values_and_grads(lambda a, w: rms_norm(a, w, 1e-5), inputs)
     plain, plain_grads = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-5), inputs)
-    assert ours.dtype == plain.dtype and torch.equal(ours, plain)
-    for a, b in zip(ours_grads, plain_grads, strict=True):
-        assert a.dtype == b.dtype and torch.equal(a, b)
+    for a, b in zip([ours, *ours_grads], [plain, *plain_grads], strict=True):
+        assert_matches_plain(a, b, cpu_kernel, x_dtype)
 
 
-def test_rms_norm_with_a_frozen_weight_or_input():
+def test_rms_norm_with_a_frozen_weight_or_input(cpu_kernel):
     x = torch.randn(4, 32)
     weight = 1 + 0.1 * torch.randn(32)
     for needs in ((True, False), (False, True)):
         inputs = (x.clone().requires_grad_(needs[0]), weight.clone().requires_grad_(needs[1]))
         _, ours = values_and_grads(lambda a, w: rms_norm(a, w, 1e-6), inputs)
         _, plain = values_and_grads(lambda a, w: plain_rms_norm(a, w, 1e-6), inputs)
-        assert len(ours) == 1 and torch.equal(ours[0], plain[0])
+        assert len(ours) == 1
+        assert_matches_plain(ours[0], plain[0], cpu_kernel, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_swiglu_equals_the_plain_expression_bit_for_bit(dtype):
+def test_swiglu_equals_the_plain_expression(dtype, cpu_kernel):
     gen = torch.Generator().manual_seed(0)
     gate, up = (torch.randn(3, 17, 80, generator=gen).to(dtype).requires_grad_() for _ in range(2))
     ours, ours_grads = values_and_grads(swiglu, (gate, up))
     plain, plain_grads = values_and_grads(plain_swiglu, (gate, up))
-    assert ours.dtype == plain.dtype and torch.equal(ours, plain)
-    for a, b in zip(ours_grads, plain_grads, strict=True):
-        assert a.dtype == b.dtype and torch.equal(a, b)
+    for a, b in zip([ours, *ours_grads], [plain, *plain_grads], strict=True):
+        assert_matches_plain(a, b, cpu_kernel, dtype)
 
 
 def test_they_keep_fewer_tensors_for_backward():
@@ -120,7 +149,7 @@ def norm_linears(x, norm_weight, *params):
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_fused_norm_linear_and_swiglu_linear_equal_the_plain_layers_bit_for_bit(dtype, bias):
+def test_fused_norm_linear_and_swiglu_linear_equal_the_plain_layers_bit_for_bit(dtype, bias, cpu_kernel):
     gen = torch.Generator().manual_seed(0)
 
     def tensor(*shape):
@@ -175,7 +204,7 @@ def plain_swiglu_linear(gate, up, weight, bias):
 
 
 @pytest.mark.parametrize("case", sorted(AUTOCAST_CASES))
-def test_fused_layers_under_autocast_equal_autocasts_own_plain_expressions_bit_for_bit(case):
+def test_fused_layers_under_autocast_equal_autocasts_own_plain_expressions_bit_for_bit(case, cpu_kernel):
     """Under CPU bf16 autocast (backward outside it, as a training step runs): bf16 outputs, and the
     gradients of x, the norm weight, gate, up, every weight and bias in their own dtypes, all equal to
     what autograd computes for the plain expressions that autocast casts."""

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function
 
+from ropelab import layer_kernels
 from ropelab.precision import autocast_dtype
 
 
@@ -47,25 +48,41 @@ def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
 
 
-def _normalised(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
-    return weight * (x.float() * rstd).to(x.dtype)
+def _normalised(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: Optional[torch.dtype] = None,
+                rstd: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * (x * rstd).to(x.dtype), cast to `dtype` if given; rstd), from the given rstd or a new one:
+    the CPU loop (`layer_kernels`) where it applies, else the torch ops."""
+    out_dtype = dtype or torch.promote_types(weight.dtype, x.dtype)
+    fast = layer_kernels.rms_norm(x, weight, eps, out_dtype, rstd)
+    if fast is not None:
+        return fast
+    rstd = _rstd(x, eps) if rstd is None else rstd
+    return _cast(weight * (x.float() * rstd).to(x.dtype), dtype), rstd
 
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        rstd = _rstd(x, eps)
+        out, rstd = _normalised(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return _normalised(x, weight, rstd)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
-        return *_rms_norm_backward(grad, x, weight, rstd, *ctx.needs_input_grad[:2]), None
+        return *_rms_norm_backward([grad], x, weight, rstd, *ctx.needs_input_grad[:2]), None
 
 
-def _rms_norm_backward(grad, x, weight, rstd, need_x: bool, need_weight: bool):
-    """Gradients of x and weight of weight * (x * rstd).to(x.dtype), given the output's gradient."""
+def _rms_norm_backward(parts: list[torch.Tensor], x, weight, rstd, need_x: bool, need_weight: bool):
+    """Gradients of x and weight of weight * (x * rstd).to(x.dtype), given the output's gradient as the
+    sum of `parts` (the gradients of the projections it feeds, added last first, as autograd adds them)."""
+    fast = layer_kernels.rms_norm_backward(parts, x, weight, rstd, need_x, need_weight)
+    if fast is not None:
+        return fast
+    dtype = torch.promote_types(weight.dtype, x.dtype)
+    grad = parts[-1].to(dtype)
+    for part in reversed(parts[:-1]):
+        grad = grad + part.to(dtype)
     xf = x.float()
     grad_weight = None
     if need_weight:  # the normalised x, recomputed
@@ -91,17 +108,33 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
+        return _swiglu(gate, up)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up = ctx.saved_tensors
-        grad_gate = grad_up = None
-        if ctx.needs_input_grad[0]:
-            grad_gate = torch.ops.aten.silu_backward((grad * up).to(gate.dtype), gate)
-        if ctx.needs_input_grad[1]:
-            grad_up = (grad * F.silu(gate)).to(up.dtype)
+        _, grad_gate, grad_up = _swiglu_backward(gate, up, grad, *ctx.needs_input_grad[:2], with_hidden=False)
         return grad_gate, grad_up
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    fast = layer_kernels.swiglu(gate, up)
+    return F.silu(gate) * up if fast is None else fast
+
+
+def _swiglu_backward(gate, up, grad, need_gate: bool, need_up: bool, with_hidden: bool):
+    """(silu(gate) * up if `with_hidden`, else None; the gradients of gate and up) for the gradient `grad` of
+    silu(gate) * up: the CPU loop where it applies, else torch's ops."""
+    if need_gate or need_up:
+        fast = layer_kernels.swiglu_backward(gate, up, grad, with_hidden)
+        if fast is not None:
+            hidden, grad_gate, grad_up = fast
+            return hidden, grad_gate if need_gate else None, grad_up if need_up else None
+    silu = F.silu(gate)
+    hidden = silu * up if with_hidden else None
+    grad_gate = torch.ops.aten.silu_backward((grad * up).to(gate.dtype), gate) if need_gate else None
+    grad_up = (grad * silu).to(up.dtype) if need_up else None
+    return hidden, grad_gate, grad_up
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -149,10 +182,10 @@ class _RMSNormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, norm_weight, eps, *params):  # params: weight, bias (or None) of each linear
         ctx.autocast = autocast_dtype(x.device.type)  # backward casts as this forward did, whatever is on then
+        ctx.eps = eps
         ctx.bias_dtypes = [None if b is None else b.dtype for b in params[1::2]]
         with torch.autocast(x.device.type, enabled=False):
-            rstd = _rstd(x, eps)
-            normed = _cast(_normalised(x, norm_weight, rstd), ctx.autocast)  # once for all the linears
+            normed, rstd = _normalised(x, norm_weight, eps, ctx.autocast)  # cast once for all the linears
             outs = tuple(F.linear(normed, _cast(w, ctx.autocast), _cast(b, ctx.autocast))
                          for w, b in zip(params[0::2], params[1::2]))
         ctx.save_for_backward(x, norm_weight, rstd, *params[0::2])
@@ -163,19 +196,16 @@ class _RMSNormLinear(torch.autograd.Function):
         x, norm_weight, rstd, *weights = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with torch.autocast(x.device.type, enabled=False):
-            normed = _normalised(x, norm_weight, rstd)
-            cast = _cast(normed, ctx.autocast)
-            grad_params, grad_normed = [], None
-            # last linear first, as autograd's engine reaches them, so the sum rounds as autograd's does
-            for i in reversed(range(len(weights))):
+            cast, _ = _normalised(x, norm_weight, ctx.eps, ctx.autocast, rstd)
+            grad_params, parts = [], []
+            for i in range(len(weights)):
                 bias_dtype = ctx.bias_dtypes[i]
                 part, grad_weight, grad_bias = _linear_backward(
                     grads[i], cast, _cast(weights[i], ctx.autocast), True, needs[3 + 2 * i],
                     bias_dtype is not None and needs[4 + 2 * i])
-                part = part.to(normed.dtype)  # each linear's own cast of the normalised x, under autocast
-                grad_normed = part if grad_normed is None else grad_normed + part
-                grad_params[:0] = [_to(grad_weight, weights[i].dtype), _to(grad_bias, bias_dtype)]
-            grad_x, grad_norm_weight = _rms_norm_backward(grad_normed, x, norm_weight, rstd, needs[0], needs[1])
+                parts.append(part)  # summed last first, in the norm's dtype (each linear's cast, backward)
+                grad_params += [_to(grad_weight, weights[i].dtype), _to(grad_bias, bias_dtype)]
+            grad_x, grad_norm_weight = _rms_norm_backward(parts, x, norm_weight, rstd, needs[0], needs[1])
         return grad_x, grad_norm_weight, None, *grad_params
 
 
@@ -195,7 +225,7 @@ class _SwiGLULinear(torch.autograd.Function):
         ctx.autocast = autocast_dtype(gate.device.type)
         ctx.bias_dtype = None if bias is None else bias.dtype
         with torch.autocast(gate.device.type, enabled=False):
-            hidden = _cast(F.silu(gate) * up, ctx.autocast)
+            hidden = _cast(_swiglu(gate, up), ctx.autocast)
             out = F.linear(hidden, _cast(weight, ctx.autocast), _cast(bias, ctx.autocast))
         ctx.save_for_backward(gate, up, weight)
         return out
@@ -205,18 +235,14 @@ class _SwiGLULinear(torch.autograd.Function):
         gate, up, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with torch.autocast(gate.device.type, enabled=False):
-            silu = F.silu(gate)
-            hidden = silu * up
-            grad_hidden, grad_weight, grad_bias = _linear_backward(
-                grad, _cast(hidden, ctx.autocast), _cast(weight, ctx.autocast), needs[0] or needs[1], needs[2],
-                needs[3])
-            grad_gate = grad_up = None
-            if needs[0] or needs[1]:
-                grad_hidden = grad_hidden.to(hidden.dtype)  # autocast's cast of silu(gate) * up, backward
-            if needs[0]:
-                grad_gate = torch.ops.aten.silu_backward((grad_hidden * up).to(gate.dtype), gate)
-            if needs[1]:
-                grad_up = (grad_hidden * silu).to(up.dtype)
+            grad_hidden, _, _ = _linear_backward(grad, None, _cast(weight, ctx.autocast), needs[0] or needs[1],
+                                                 False, False)
+            if grad_hidden is not None:  # autocast's cast of silu(gate) * up, backward
+                grad_hidden = grad_hidden.to(torch.promote_types(gate.dtype, up.dtype))
+            hidden, grad_gate, grad_up = _swiglu_backward(gate, up, grad_hidden, needs[0], needs[1],
+                                                          with_hidden=needs[2])
+            _, grad_weight, grad_bias = _linear_backward(grad, _cast(hidden, ctx.autocast), None, False, needs[2],
+                                                         needs[3])
         return grad_gate, grad_up, _to(grad_weight, weight.dtype), _to(grad_bias, ctx.bias_dtype)
 
 

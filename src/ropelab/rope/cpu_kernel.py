@@ -12,59 +12,26 @@ Numbers: float32 is computed without fused multiply-adds (``-ffp-contract=off``)
 the same bits as the reference `ropelab.rope.reference.rotate`; bfloat16 is computed in float32
 and rounded once to nearest even, as `rotate` does.
 
-Build: `SOURCE` is compiled once per machine with the system C compiler (``$CC``, else ``cc``)
-into ``$ROPELAB_CACHE/kernels`` (default ``~/.cache/ropelab/kernels``), named by a hash of the
-source, the flags and the CPU model (``-march=native`` code must not travel to another CPU), and
-loaded with ctypes. The parallel loop uses OpenMP; torch has already loaded its own libgomp, so
-the library binds to torch's thread pool instead of starting a second one (a compiler without
-OpenMP builds a single-threaded loop). Without a compiler, or with ``ROPELAB_CPU_KERNEL=0``,
-`available()` is False and `ropelab.rope.kernels` uses its torch path.
+Build: `SOURCE` is compiled on first use by `ropelab.native` (once per machine, cached, OpenMP
+on torch's thread pool). Without a compiler, or with ``ROPELAB_CPU_KERNEL=0``, `available()` is
+False and `ropelab.rope.kernels` uses its torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+from ropelab import native
 
+SOURCE = native.PRELUDE + r"""
 /* One tensor: its address, then its three outer dimensions ordered by decreasing stride: sizes,
    strides in elements of the tensor, and strides in elements of where the angles come from (0
    where that broadcasts): cos/sin themselves, or the position ids that pick rows of a table. */
 typedef struct { int64_t data, n[3], x[3], c[3]; } rows_t;
-
-static inline float load(const char *p, int64_t i, const int bf16) {
-  if (!bf16) return ((const float *)p)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline void store(char *p, int64_t i, float f, const int bf16) {
-  if (!bf16) { ((float *)p)[i] = f; return; }
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x400000u;  /* NaN stays a (quiet) NaN */
-  else u += 0x7fffu + ((u >> 16) & 1u);                   /* round to nearest even */
-  ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-}
 
 /* One row's pairs: (x1[i], x2[i]) <- (x1 cos - x2 sin, x2 cos + x1 sin), i < half, where x1 and x2
    are `step` elements apart pairwise (half layout: two separate runs; interleaved: neighbours). */
@@ -154,60 +121,14 @@ void ropelab_rotate(int64_t count, const rows_t *rows, const int64_t *positions,
 }
 """
 
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
-OPENMP = ["-fopenmp"]  # left out, single-threaded, where the compiler has no OpenMP (Apple's clang)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-def _cpu_model() -> str:
-    """The CPU's name and instruction-set flags (a VM's "AMD EPYC" alone does not tell Zen 3 from
-    Zen 4, whose -march=native code would not run on Zen 3)."""
-    try:
-        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
-        return platform.processor() or platform.machine()
-    return "\n".join(line for line in first.splitlines() if line.startswith(("model name", "flags")))
-
-
-def compile_library(compiler: str, source: str = SOURCE, name: str = "rope_cpu") -> Path:
-    """Compile C `source` with `FLAGS` into the kernel cache (once per source, flags and CPU);
-    returns the shared library's path (benchmarks build their reference loops with it too)."""
-    cache = Path(os.environ.get("ROPELAB_CACHE", Path.home() / ".cache" / "ropelab")) / "kernels"
-    key = hashlib.sha256("\0".join([source, *FLAGS, compiler, _cpu_model()]).encode()).hexdigest()[:16]
-    library = cache / f"{name}-{key}.so"
-    if library.exists():
-        return library
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as work:
-        source_file, built = Path(work) / f"{name}.c", Path(work) / f"{name}.so"
-        source_file.write_text(source)
-        command = [compiler, *FLAGS, str(source_file), "-o", str(built)]
-        try:
-            subprocess.run(command[:1] + OPENMP + command[1:], check=True, capture_output=True, timeout=300)
-        except subprocess.CalledProcessError:
-            subprocess.run(command, check=True, capture_output=True, timeout=300)
-        os.replace(built, library)  # another process may have built the same file meanwhile: same bytes
-    return library
-
-
-def c_compiler() -> Optional[str]:
-    """The system C compiler: ``$CC``, else ``cc`` or ``gcc`` on the PATH; None without one."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled kernel, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    if os.environ.get("ROPELAB_CPU_KERNEL", "1") == "0":
-        return None
-    compiler = c_compiler()
-    if compiler is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(compile_library(compiler)))
-    except (OSError, subprocess.SubprocessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        warnings.warn(f"ropelab: CPU RoPE kernel unavailable, using the torch path ({error} {detail.decode()[:300]})")
+    lib = native.load(SOURCE, "rope_cpu", "CPU RoPE kernel")
+    if lib is None:
         return None
     lib.ropelab_rotate.restype = None
     lib.ropelab_rotate.argtypes = [
