@@ -31,7 +31,7 @@ def assert_same_specials(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 def test_swiglu_on_every_bf16_value_is_torchs_or_one_rounding_away():
     gate = every_bf16()
     for up in (torch.ones_like(gate), torch.full_like(gate, -3.0)):
-        ours, theirs = layer_kernels.swiglu(gate, up), F.silu(gate) * up
+        ours, theirs = layer_kernels.swiglu_loop(gate, up), F.silu(gate) * up
         assert_same_specials(ours, theirs)
         both = ours.isfinite() & theirs.isfinite()
         a, b = ours[both].float(), theirs[both].float()
@@ -44,7 +44,7 @@ def test_swiglu_on_every_bf16_value_is_torchs_or_one_rounding_away():
 def test_swiglu_fp32_follows_torch_on_any_float(values):
     gate = torch.tensor(values, dtype=torch.float32)
     up = torch.linspace(-2, 2, len(values))
-    ours, theirs = layer_kernels.swiglu(gate, up), F.silu(gate) * up
+    ours, theirs = layer_kernels.swiglu_loop(gate, up), F.silu(gate) * up
     assert_same_specials(ours, theirs)
     both = ours.isfinite() & theirs.isfinite()
     torch.testing.assert_close(ours[both], theirs[both], rtol=4e-7, atol=1e-30)
@@ -54,7 +54,7 @@ def test_swiglu_fp32_follows_torch_on_any_float(values):
 def test_swiglu_backward_follows_torchs_ops(dtype):
     gen = torch.Generator().manual_seed(0)
     gate, up, grad = ((torch.randn(3, 33, 130, generator=gen) * scale).to(dtype) for scale in (4, 1, 1))
-    hidden, grad_gate, grad_up = layer_kernels.swiglu_backward(gate, up, grad, True)
+    hidden, grad_gate, grad_up = layer_kernels.swiglu_backward_loop(gate, up, grad, True)
     silu = F.silu(gate)
     expected = (silu * up, torch.ops.aten.silu_backward((grad * up).to(dtype), gate), grad * silu)
     eps = BF16_EPS if dtype == torch.bfloat16 else 4 * torch.finfo(torch.float32).eps
@@ -62,8 +62,8 @@ def test_swiglu_backward_follows_torchs_ops(dtype):
         assert ours.dtype == dtype
         # grad_gate's (1 + g (1 - s)) cancels near g = -1.28: an ulp of the terms, not of the result
         torch.testing.assert_close(ours, theirs, rtol=eps, atol=eps * theirs.abs().max().item())
-    assert layer_kernels.swiglu_backward(gate, up, grad, False)[0] is None
-    assert all(torch.equal(a, b) for a, b in zip(layer_kernels.swiglu_backward(gate, up, grad, False)[1:],
+    assert layer_kernels.swiglu_backward_loop(gate, up, grad, False)[0] is None
+    assert all(torch.equal(a, b) for a, b in zip(layer_kernels.swiglu_backward_loop(gate, up, grad, False)[1:],
                                                  (grad_gate, grad_up), strict=True))
 
 
@@ -96,15 +96,15 @@ def test_rms_norm_follows_torch_and_reuses_its_rstd(dtypes):
     x_dtype, w_dtype, out_dtype = NORM_DTYPES[dtypes]
     x, weight = norm_inputs(x_dtype, w_dtype)
     x[0, 3] = 0.0  # a row of zeros: rstd = 1 / sqrt(eps)
-    out, rstd = layer_kernels.rms_norm(x, weight, 1e-5, out_dtype)
+    out, rstd = layer_kernels.rms_norm_loop(x, weight, 1e-5, out_dtype)
     expected, expected_rstd = torch_rms_norm(x, weight, 1e-5, out_dtype)
     assert out.dtype == out_dtype and rstd.shape == (2, 37, 1) and rstd.dtype == torch.float32
     torch.testing.assert_close(rstd, expected_rstd, rtol=4e-7, atol=0)
     eps = rounding_of(x_dtype, out_dtype)
     torch.testing.assert_close(out, expected, rtol=eps, atol=eps * expected.abs().max().item())
-    again, same = layer_kernels.rms_norm(x, weight, 1e-5, out_dtype, rstd)
+    again, same = layer_kernels.rms_norm_loop(x, weight, 1e-5, out_dtype, rstd)
     assert same is rstd and torch.equal(again, out)
-    assert torch.equal(layer_kernels.rms_norm(x, weight, 1e-5, out_dtype)[0], out)  # run to run
+    assert torch.equal(layer_kernels.rms_norm_loop(x, weight, 1e-5, out_dtype)[0], out)  # run to run
 
 
 def torch_rms_norm_backward(parts, x, weight, rstd):
@@ -127,14 +127,14 @@ def test_rms_norm_backward_follows_torch(dtypes, count):
     _, rstd = torch_rms_norm(x, weight, 1e-5, out_dtype)
     gen = torch.Generator().manual_seed(2)
     parts = [torch.randn(x.shape, generator=gen).to(out_dtype) for _ in range(count)]
-    grad_x, grad_weight = layer_kernels.rms_norm_backward(parts, x, weight, rstd, True, True)
+    grad_x, grad_weight = layer_kernels.rms_norm_backward_loop(parts, x, weight, rstd, True, True)
     expected_x, expected_weight = torch_rms_norm_backward(parts, x, weight, rstd)
     eps = rounding_of(x_dtype, w_dtype, out_dtype)
     for ours, theirs in ((grad_x, expected_x), (grad_weight, expected_weight)):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
         torch.testing.assert_close(ours, theirs, rtol=eps, atol=eps * theirs.abs().max().item())
-    only_x = layer_kernels.rms_norm_backward(parts, x, weight, rstd, True, False)
-    only_weight = layer_kernels.rms_norm_backward(parts, x, weight, rstd, False, True)
+    only_x = layer_kernels.rms_norm_backward_loop(parts, x, weight, rstd, True, False)
+    only_weight = layer_kernels.rms_norm_backward_loop(parts, x, weight, rstd, False, True)
     assert only_x[1] is None and torch.equal(only_x[0], grad_x)
     assert only_weight[0] is None and torch.equal(only_weight[1], grad_weight)
 
@@ -148,9 +148,9 @@ def test_rms_norm_backward_at_one_thread_or_two():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = layer_kernels.rms_norm_backward(parts, x, weight, rstd, True, True)
+        one = layer_kernels.rms_norm_backward_loop(parts, x, weight, rstd, True, True)
         torch.set_num_threads(2)
-        two = layer_kernels.rms_norm_backward(parts, x, weight, rstd, True, True)
+        two = layer_kernels.rms_norm_backward_loop(parts, x, weight, rstd, True, True)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one[0], two[0])
@@ -159,26 +159,26 @@ def test_rms_norm_backward_at_one_thread_or_two():
 
 def test_empty_inputs():
     x, weight = torch.empty(0, 8), torch.ones(8)
-    out, rstd = layer_kernels.rms_norm(x, weight, 1e-5, torch.float32)
+    out, rstd = layer_kernels.rms_norm_loop(x, weight, 1e-5, torch.float32)
     assert out.shape == (0, 8) and rstd.shape == (0, 1)
-    grad_x, grad_weight = layer_kernels.rms_norm_backward([x], x, weight, rstd, True, True)
+    grad_x, grad_weight = layer_kernels.rms_norm_backward_loop([x], x, weight, rstd, True, True)
     assert grad_x.shape == (0, 8) and torch.equal(grad_weight, torch.zeros(8))
-    assert layer_kernels.swiglu(x, x).shape == (0, 8)
+    assert layer_kernels.swiglu_loop(x, x).shape == (0, 8)
 
 
 def test_what_the_loops_decline():
     x, weight = norm_inputs(torch.float32, torch.float32)
-    assert layer_kernels.rms_norm(x.transpose(0, 1), weight, 1e-5, torch.float32) is None  # not contiguous
-    assert layer_kernels.rms_norm(x.double(), weight.double(), 1e-5, torch.float64) is None
-    assert layer_kernels.rms_norm(x, weight, 1e-5, torch.float16) is None
-    assert layer_kernels.rms_norm(x, weight[:-1], 1e-5, torch.float32) is None
+    assert layer_kernels.rms_norm_loop(x.transpose(0, 1), weight, 1e-5, torch.float32) is None  # not contiguous
+    assert layer_kernels.rms_norm_loop(x.double(), weight.double(), 1e-5, torch.float64) is None
+    assert layer_kernels.rms_norm_loop(x, weight, 1e-5, torch.float16) is None
+    assert layer_kernels.rms_norm_loop(x, weight[:-1], 1e-5, torch.float32) is None
     _, rstd = torch_rms_norm(x, weight, 1e-5, torch.float32)
-    assert layer_kernels.rms_norm_backward([x, x.bfloat16()], x, weight, rstd, True, True) is None  # mixed parts
-    assert layer_kernels.rms_norm_backward([], x, weight, rstd, True, True) is None
+    assert layer_kernels.rms_norm_backward_loop([x, x.bfloat16()], x, weight, rstd, True, True) is None  # mixed parts
+    assert layer_kernels.rms_norm_backward_loop([], x, weight, rstd, True, True) is None
     gate = torch.randn(4, 6)
-    assert layer_kernels.swiglu(gate, gate.bfloat16()) is None
-    assert layer_kernels.swiglu(gate, gate[:, :3]) is None
-    assert layer_kernels.swiglu_backward(gate, gate, gate.t().contiguous().t(), True) is None
+    assert layer_kernels.swiglu_loop(gate, gate.bfloat16()) is None
+    assert layer_kernels.swiglu_loop(gate, gate[:, :3]) is None
+    assert layer_kernels.swiglu_backward_loop(gate, gate, gate.t().contiguous().t(), True) is None
 
 
 def test_switched_off_or_unbuildable_the_layers_run_torch(monkeypatch, tmp_path):
@@ -191,7 +191,7 @@ def test_switched_off_or_unbuildable_the_layers_run_torch(monkeypatch, tmp_path)
         monkeypatch.setenv("ROPELAB_CPU_KERNEL", "0")
         layer_kernels.library.cache_clear()
         assert layer_kernels.library() is None
-        assert layer_kernels.swiglu(torch.randn(3), torch.randn(3)) is None
+        assert layer_kernels.swiglu_loop(torch.randn(3), torch.randn(3)) is None
         assert native.load(layer_kernels.SOURCE, "layers_cpu", "CPU layer kernels") is None
     finally:
         layer_kernels.library.cache_clear()  # the next test builds (or finds) the real loops again

@@ -10,8 +10,9 @@ Numbers: the loops round where the plain expressions of `ropelab.layers` round (
 result in its dtype: the normalised x in x's dtype, silu(g) before the product with up, every
 bf16 product), and compute in float32 in between, as torch's CPU kernels do. They differ from
 torch in two places only: exp (a degree-7 polynomial after range reduction, within 2 float32 ulp
-of the true value, where torch uses Sleef's), and the order of the sums (RMSNorm's mean of x^2 and
-its backward's row dot product; the weight gradient's sum over tokens). So their results are
+of the true value, where torch uses Sleef's), and the sums: RMSNorm's mean of x^2 and its backward's
+row dot product add float terms in double (torch adds them pairwise in float), and the weight
+gradient sums over tokens in float per thread, in another order than torch's. So their results are
 within one rounding of the plain expressions' (tests/test_layer_kernels.py), and a given input
 gives the same bits at a given thread count, run to run.
 
@@ -28,49 +29,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab import native
+from ropelab.native import PRELUDE, load
 
-SOURCE = native.PRELUDE + r"""
-/* exp(x) to within 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of degree 7
-   (truncation below 1e-8 relative), times 2^n built from n's bits. Inputs above 88.7228 give inf
-   and below -86.5 give 0 (where exp(x) < 2.7e-38): every caller adds it to 1. */
-static inline float exp_of(const float x) {
-  const float top = 88.72283935546875f, bottom = -86.5f;
-  const float c = x < bottom ? bottom : (x > top ? top : x);
-  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-  float r = c - n * 0.693359375f;  /* ln2 in two parts: n * the first is exact */
-  r = r - n * -2.12194440e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const uint32_t bits = (uint32_t)((int32_t)n + 126) << 23;  /* 2^(n-1): n - 1 >= -126 stays normal */
-  float half_scale;
-  memcpy(&half_scale, &bits, 4);
-  const float y = p * half_scale * 2.0f;
-  return x > top ? INFINITY : (x < bottom ? 0.0f : y);
-}
-
-/* Threads for `work` elements: each at least 32768, as torch's own parallel loops (at::internal::GRAIN_SIZE). */
-static int team(int64_t threads, const int64_t work) {
-  const int64_t most = work / 32768;
-  if (threads > most) threads = most > 1 ? most : 1;
-  return (int)threads;
-}
-
-#ifdef _OPENMP
-#define SPAN(n, lo, hi) const int64_t id_ = omp_get_thread_num(), parts_ = omp_get_num_threads(), \
-  lo = (n) * id_ / parts_, hi = (n) * (id_ + 1) / parts_
-#define THREAD_ID omp_get_thread_num()
-#else
-#define SPAN(n, lo, hi) const int64_t lo = 0, hi = (n)
-#define THREAD_ID 0
-#endif
-
+SOURCE = PRELUDE + r"""
 /* ---- SwiGLU: hidden = silu(g) * u; torch: silu(g) = g / (1 + exp(-g)) rounded to g's dtype, then
    the product rounded; backward: grad_up = d * silu(g), grad_gate = silu_backward(d * u, g) =
    (d * u) * s * (1 + g * (1 - s)) with s = 1 / (1 + exp(-g)). */
@@ -132,13 +93,13 @@ static inline __attribute__((always_inline)) void rms_norm_rows(
     if (reuse) {
       rs = rstd[r];
     } else {
-      float squares = 0.0f;
+      double squares = 0.0;  /* each square rounded to float, as torch's pow(2); summed in double */
 #pragma omp simd reduction(+ : squares)
       for (int64_t c = 0; c < C; c++) {
         const float v = load(x, at + c, X);
-        squares += v * v;
+        squares += (double)(v * v);
       }
-      rs = 1.0f / sqrtf(squares / (float)C + eps);
+      rs = 1.0f / sqrtf((float)squares / (float)C + eps);
       rstd[r] = rs;
     }
 #pragma omp simd
@@ -192,13 +153,13 @@ static inline __attribute__((always_inline)) void rms_norm_backward_rows(
       for (int64_t c = 0; c < C; c++) grad_w[c] += rounded(d[c] * rounded(load(x, at + c, X) * rs, X), P);
     }
     if (grad_x) {
-      float dot = 0.0f;
+      double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
       for (int64_t c = 0; c < C; c++) {
         d[c] = rounded(rounded(d[c] * load(w, c, W), P), X);
-        dot += d[c] * load(x, at + c, X);
+        dot += (double)(d[c] * load(x, at + c, X));
       }
-      const float k = (-0.5f * dot) * (rs * rs * rs) / (float)C;
+      const float k = (-0.5f * (float)dot) * (rs * rs * rs) / (float)C;
 #pragma omp simd
       for (int64_t c = 0; c < C; c++) store(grad_x, at + c, d[c] * rs + k * (2.0f * load(x, at + c, X)), X);
     }
@@ -231,7 +192,7 @@ _I, _F, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled loops, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    lib = native.load(SOURCE, "layers_cpu", "CPU layer kernels")
+    lib = load(SOURCE, "layers_cpu", "CPU layer kernels")
     if lib is None:
         return None
     signatures = {
@@ -260,7 +221,7 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> Optional[torch.Tensor]:
+def swiglu_loop(gate: torch.Tensor, up: torch.Tensor) -> Optional[torch.Tensor]:
     """silu(gate) * up in their dtype, or None where the loop does not apply (then run torch)."""
     lib = _runs(gate, up)
     if lib is None or gate.dtype != up.dtype or gate.shape != up.shape:
@@ -271,7 +232,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> Optional[torch.Tensor]:
     return hidden
 
 
-def swiglu_backward(gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor, with_hidden: bool
+def swiglu_backward_loop(gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor, with_hidden: bool
                     ) -> Optional[tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]]:
     """(silu(gate) * up or None, grad_gate, grad_up) for the gradient `grad` of silu(gate) * up, all in
     gate's dtype; None where the loop does not apply."""
@@ -292,7 +253,7 @@ def _norm_args(x: torch.Tensor, weight: torch.Tensor) -> Optional[ctypes.CDLL]:
     return lib
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype,
+def rms_norm_loop(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype,
              rstd: Optional[torch.Tensor] = None) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(weight * (x * rstd) in `out_dtype`, rstd (..., 1) float32) as `ropelab.layers` computes them,
     reusing a given rstd (backward's recomputation); None where the loop does not apply."""
@@ -310,7 +271,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return out, rstd
 
 
-def rms_norm_backward(parts: Sequence[torch.Tensor], x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+def rms_norm_backward_loop(parts: Sequence[torch.Tensor], x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                       need_x: bool, need_weight: bool
                       ) -> Optional[tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]:
     """Gradients of x and weight of RMSNorm's output weight * (x * rstd), given that output's gradient as

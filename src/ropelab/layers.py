@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function
 
-from ropelab import layer_kernels
+from ropelab.layer_kernels import rms_norm_backward_loop, rms_norm_loop, swiglu_backward_loop, swiglu_loop
 from ropelab.precision import autocast_dtype
 
 
@@ -53,7 +53,7 @@ def _normalised(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: Option
     """(weight * (x * rstd).to(x.dtype), cast to `dtype` if given; rstd), from the given rstd or a new one:
     the CPU loop (`layer_kernels`) where it applies, else the torch ops."""
     out_dtype = dtype or torch.promote_types(weight.dtype, x.dtype)
-    fast = layer_kernels.rms_norm(x, weight, eps, out_dtype, rstd)
+    fast = rms_norm_loop(x, weight, eps, out_dtype, rstd)
     if fast is not None:
         return fast
     rstd = _rstd(x, eps) if rstd is None else rstd
@@ -76,7 +76,7 @@ class _RMSNorm(torch.autograd.Function):
 def _rms_norm_backward(parts: list[torch.Tensor], x, weight, rstd, need_x: bool, need_weight: bool):
     """Gradients of x and weight of weight * (x * rstd).to(x.dtype), given the output's gradient as the
     sum of `parts` (the gradients of the projections it feeds, added last first, as autograd adds them)."""
-    fast = layer_kernels.rms_norm_backward(parts, x, weight, rstd, need_x, need_weight)
+    fast = rms_norm_backward_loop(parts, x, weight, rstd, need_x, need_weight)
     if fast is not None:
         return fast
     dtype = torch.promote_types(weight.dtype, x.dtype)
@@ -118,7 +118,7 @@ class _SwiGLU(torch.autograd.Function):
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    fast = layer_kernels.swiglu(gate, up)
+    fast = swiglu_loop(gate, up)
     return F.silu(gate) * up if fast is None else fast
 
 
@@ -126,7 +126,7 @@ def _swiglu_backward(gate, up, grad, need_gate: bool, need_up: bool, with_hidden
     """(silu(gate) * up if `with_hidden`, else None; the gradients of gate and up) for the gradient `grad` of
     silu(gate) * up: the CPU loop where it applies, else torch's ops."""
     if need_gate or need_up:
-        fast = layer_kernels.swiglu_backward(gate, up, grad, with_hidden)
+        fast = swiglu_backward_loop(gate, up, grad, with_hidden)
         if fast is not None:
             hidden, grad_gate, grad_up = fast
             return hidden, grad_gate if need_gate else None, grad_up if need_up else None

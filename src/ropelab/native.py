@@ -24,8 +24,9 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-# What every kernel's source starts with: the headers, and float32 / bfloat16 elements of a buffer
-# as floats (bf16 widened exactly; stored rounded to nearest even, as torch rounds).
+# What every kernel's source starts with: the headers; float32 / bfloat16 elements of a buffer as
+# floats (bf16 widened exactly; stored rounded to nearest even, as torch rounds); a vectorisable exp;
+# and the split of a parallel loop over torch's threads.
 PRELUDE = r"""
 #include <math.h>
 #include <stdint.h>
@@ -62,6 +63,46 @@ static inline float rounded(float f, const int bf16) {
   memcpy(&f, &u, 4);
   return f;
 }
+
+/* exp(x) to within 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of degree 7
+   (truncation below 1e-8 relative), times 2^n built from n's bits. Inputs above 88.7228 give inf
+   and below -86.5 give 0 (where exp(x) < 2.7e-38): every caller adds it to 1 or more. */
+static inline float exp_of(const float x) {
+  const float top = 88.72283935546875f, bottom = -86.5f;
+  const float c = x < bottom ? bottom : (x > top ? top : x);
+  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+  float r = c - n * 0.693359375f;  /* ln2 in two parts: n * the first is exact */
+  r = r - n * -2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t bits = (uint32_t)((int32_t)n + 126) << 23;  /* 2^(n-1): n - 1 >= -126 stays normal */
+  float half_scale;
+  memcpy(&half_scale, &bits, 4);
+  const float y = p * half_scale * 2.0f;
+  return x > top ? INFINITY : (x < bottom ? 0.0f : y);
+}
+
+/* Threads for `work` elements: each at least 32768, as torch's own parallel loops (at::internal::GRAIN_SIZE). */
+static inline int team(int64_t threads, const int64_t work) {
+  const int64_t most = work / 32768;
+  if (threads > most) threads = most > 1 ? most : 1;
+  return (int)threads;
+}
+
+#ifdef _OPENMP
+#define SPAN(n, lo, hi) const int64_t id_ = omp_get_thread_num(), parts_ = omp_get_num_threads(), \
+  lo = (n) * id_ / parts_, hi = (n) * (id_ + 1) / parts_
+#define THREAD_ID omp_get_thread_num()
+#else
+#define SPAN(n, lo, hi) const int64_t lo = 0, hi = (n)
+#define THREAD_ID 0
+#endif
 """
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]  # left out, single-threaded, where the compiler has no OpenMP (Apple's clang)

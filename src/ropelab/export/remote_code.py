@@ -14,7 +14,8 @@ needs no trust_remote_code and never runs the shipped files.
 One source of truth: the modules are not a second implementation but whole copies, made at export
 time, of the installed ropelab modules that ``modeling_ropelab.py`` (the transformers wrapper,
 `MODELING_SOURCE` below, itself written as a ropelab module) imports, directly or through each other:
-``model.py``, ``attention.py``, ``layers.py``, ``errors.py``, the model's part of ``ropelab.config``
+``model.py``, ``attention.py``, ``layers.py`` (with its CPU loops, ``layer_kernels.py`` and ``native.py``),
+``errors.py``, the model's part of ``ropelab.config``
 (``config/model.py``, ``config/rope.py``, ``config/coerce.py``, ``config/checks.py``: no YAML, no
 run-level settings) and the rope modules ``RotaryEmbedding`` uses. They are found by following the
 ``from ropelab.<module> import`` lines of each file (`shipped_modules`).

@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab import native
+from ropelab.native import PRELUDE, load
 
-SOURCE = native.PRELUDE + r"""
+SOURCE = PRELUDE + r"""
 /* One tensor: its address, then its three outer dimensions ordered by decreasing stride: sizes,
    strides in elements of the tensor, and strides in elements of where the angles come from (0
    where that broadcasts): cos/sin themselves, or the position ids that pick rows of a table. */
@@ -127,7 +127,7 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled kernel, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    lib = native.load(SOURCE, "rope_cpu", "CPU RoPE kernel")
+    lib = load(SOURCE, "rope_cpu", "CPU RoPE kernel")
     if lib is None:
         return None
     lib.ropelab_rotate.restype = None

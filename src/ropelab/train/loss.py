@@ -51,6 +51,7 @@ from torch import nn
 from torch.overrides import has_torch_function
 
 from ropelab.precision import autocast_dtype
+from ropelab.train.cross_entropy_kernel import ce_chunk
 
 
 class KDLoss(NamedTuple):
@@ -254,14 +255,28 @@ class _ChunkedLoss(torch.autograd.Function):
 
         # Every chunk's fp32 logits in one buffer: a fresh (chunk, V) tensor is over glibc's largest mmap
         # threshold (32 MiB at 256 x 49k), so each would be mapped and paged in anew. The chunk's gradient
-        # is formed in it in place, and used before the next chunk's logits overwrite it.
+        # is formed in it in place, and used before the next chunk's logits overwrite it. Without a
+        # teacher, the CPU loop of `cross_entropy_kernel` takes the product's own logits (bf16 under
+        # autocast) instead and writes the gradient over them.
         direct = cast is None and plain and hidden.dtype == head.dtype == torch.float32  # the product written into it
-        buffer = hidden.new_empty(min(spec.chunk_tokens, kept.numel()), head.shape[0], dtype=torch.float32)
+        buffer = []
+
+        def fp32_rows(n: int) -> torch.Tensor:
+            if not buffer:
+                buffer.append(hidden.new_empty(min(spec.chunk_tokens, kept.numel()), head.shape[0],
+                                               dtype=torch.float32))
+            return buffer[0][:n]
+
         for rows in kept.split(spec.chunk_tokens):
             h = states[rows]
-            zs = buffer[: len(rows)]
-            zs = torch.mm(h, head.t(), out=zs) if direct else zs.copy_(linear(h, head))
-            chunk, grad = _chunk(zs, labels[rows], rows, spec, grad_scale)
+            zs = torch.mm(h, head.t(), out=fp32_rows(len(rows))) if direct else linear(h, head)
+            fast = None
+            if spec.teacher is None and zs.dtype == head.dtype:
+                fast = ce_chunk(zs, labels[rows], *spec.weights[1:], grad_scale)
+            if fast is None:
+                zs = zs if direct else fp32_rows(len(rows)).copy_(zs)
+                fast = _chunk(zs, labels[rows], rows, spec, grad_scale)
+            chunk, grad = fast
             sums += chunk
             if grad is None:
                 continue
