@@ -32,17 +32,22 @@ process loaded (`from_config`, same attention implementation) and loads its stat
 before any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
 `save_pretrained`); the ropelab subprocess loads its model as above.
 
-GEMM floor: after its timed runs, each training row runs once more per library under torch.profiler
-(CPU), and the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm, addmm, bmm, baddbmm,
-addbmm, their in-place forms, _addmm_activation). linear and matmul are not counted: they are composites
-that call those, their own time the reshaping around them. Both libraries run PyTorch's fused CPU
-attention (`ATTENTION_OPS`: _scaled_dot_product_flash_attention_for_cpu and its backward), whose
-QK^T and PV products sit in one loop with the softmax, so a profile cannot split them. A row reports
-two figures, median step time over: the GEMM kernels alone (`gemm_floor`, attention counted as
-overhead), and the GEMM kernels plus the attention kernels (`product_floor`, attention counted as
-matrix products, its softmax included). 1.0 would be a step that does nothing but them; AdamW, norms,
-activations and the loss are the rest. The targets are checked on both. How much of the attention
-kernel is products: `benchmarks/attention.py --products`.
+GEMM floor: after its timed runs, each training row runs per library one untimed step (after the
+other library's runs), then `--reps` steps in a row under torch.profiler (CPU), as a training loop runs
+them. In each profiled step the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm,
+addmm, bmm, baddbmm, addbmm, their in-place forms, _addmm_activation); linear and matmul are not
+counted: they are composites that call those, their own time the reshaping around them. Both libraries
+run PyTorch's fused CPU attention (`ATTENTION_OPS`: _scaled_dot_product_flash_attention_for_cpu and its
+backward), whose QK^T and PV products sit in one loop with the softmax, so a profile cannot split them.
+Each step's wall time over its own products gives two figures: over the GEMM kernels alone
+(`gemm_floor`, attention counted as overhead) and over the GEMM kernels plus the attention kernels
+(`product_floor`, attention counted as matrix products, its softmax included); a row reports the median
+over its profiled steps, and their range. 1.0 would be a step that does nothing but them; AdamW, norms,
+activations and the loss are the rest; the profiler's own cost counts against the step. Numerator and
+denominator come from the same step: on a shared 2-core VM the speed of the machine drifts by 10-20%
+within minutes, so a median of the timed (alternating) runs over one profiled step's products would
+mix two moments (it is kept in the JSON as `timed_product_floor`). The targets are checked on both
+figures. How much of the attention kernel is products: `benchmarks/attention.py --products`.
 
 malloc: by default (`--malloc reuse`) glibc keeps freed buffers for reuse (`ropelab.allocator`, what
 ropelab's trainer sets on CPU runs), in this process, so for both libraries' timed runs, and in
@@ -211,7 +216,7 @@ def time_row(runs: dict[str, Callable], reps: int, warmup: int) -> tuple[dict[st
 
 def gemm_profile(run: Callable) -> dict:
     """One call of `run` under torch.profiler: its wall seconds, the self seconds and calls of each op of
-    GEMM_OPS and ATTENTION_OPS that it ran, and the sum of each group."""
+    GEMM_OPS and ATTENTION_OPS that it ran, the sum of each group, and the wall over those sums."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -225,9 +230,26 @@ def gemm_profile(run: Callable) -> dict:
         return {key: {**op, "self_s": round(op["self_s"], 6)} for key, op in sorted(ops.items()) if key in names}
 
     gemm, attention = group(GEMM_OPS), group(ATTENTION_OPS)
-    return {"profiled_s": round(wall, 6), "gemm_s": round(sum(op["self_s"] for op in gemm.values()), 6),
-            "attention_s": round(sum(op["self_s"] for op in attention.values()), 6),
+    gemm_s, attention_s = (sum(op["self_s"] for op in ops.values()) for ops in (gemm, attention))
+    return {"profiled_s": round(wall, 6), "gemm_s": round(gemm_s, 6), "attention_s": round(attention_s, 6),
+            "gemm_floor": round(wall / gemm_s, 4) if gemm_s else None,
+            "product_floor": round(wall / (gemm_s + attention_s), 4) if gemm_s + attention_s else None,
             "gemm_ops": gemm, "attention_ops": attention}
+
+
+def floor_profiles(run: Callable, reps: int) -> dict:
+    """One untimed call of `run`, then `reps` under `gemm_profile`: the profile of the median step (by
+    product_floor), the median and range of each floor over the steps, and every step's figures."""
+    run()
+    steps = [gemm_profile(run) for _ in range(reps)]
+    middle = sorted(steps, key=lambda step: step["product_floor"] or 0.0)[(reps - 1) // 2]
+    floors = {}
+    for which in FLOORS:
+        values = [step[which] for step in steps if step[which] is not None]
+        floors[which] = round(statistics.median(values), 4) if values else None
+        floors[f"{which}_range"] = [min(values), max(values)] if values else None
+    return {**middle, **floors, "floor_steps": [{key: step[key] for key in ("profiled_s", "gemm_s", "attention_s")}
+                                                for step in steps]}
 
 
 def progress(message: str) -> None:
@@ -350,7 +372,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
                     model.load_state_dict(loaded[library])
             runs = {library: make_run(library, model, row, args.quick, precision) for library, model in models.items()}
             times, first = time_row(runs, args.reps, args.warmup)
-            floors = {library: gemm_profile(runs[library]) for library in LIBRARIES} if row.kind == "train" else {}
+            floors = {library: floor_profiles(runs[library], args.reps) for library in LIBRARIES
+                      } if row.kind == "train" else {}
             del runs
             progress(f"timed {precision} {name}: " + ", ".join(
                 f"{library} {statistics.median(times[library]):.2f} s" for library in LIBRARIES))
@@ -360,11 +383,9 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
                     "batch": batch, "seq": seq, "seconds": [round(t, 4) for t in times[library]],
                     "median_s": round(median, 4), "tokens_per_s": round(batch * seq / median, 1)}
                 if library in floors:
-                    floor = floors[library]
+                    products = floors[library]["gemm_s"] + floors[library]["attention_s"]
                     results[f"{precision}/{name}/{library}"].update(
-                        {**floor, "gemm_floor": round(median / floor["gemm_s"], 4) if floor["gemm_s"] else None,
-                         "product_floor": round(median / (floor["gemm_s"] + floor["attention_s"]), 4)
-                         if floor["gemm_s"] + floor["attention_s"] else None})
+                        {**floors[library], "timed_product_floor": round(median / products, 4) if products else None})
             per_rep = [t_hf / t_ours for t_ours, t_hf in zip(times["ropelab"], times["hf"])]
             ratios[f"{precision}/{name}"] = {"speed": round(statistics.median(per_rep), 4),
                                              "speed_min": round(min(per_rep), 4), "speed_max": round(max(per_rep), 4)}
@@ -405,7 +426,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
                 if name in GEMM_FLOOR_TARGETS and floor is not None:
                     targets[f"{key}/{which}"] = target(floor, GEMM_FLOOR_TARGETS[name], False)
 
-    print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); peak memory: peak RSS of a "
+    print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); GEMM floors: median over "
+          f"{args.reps} profiled steps in a row of each step's wall over its own products; peak memory: peak RSS of a "
           f"fresh process (forward: 1 run, train: 2 steps) minus its RSS after loading (one process per "
           f"{'(library, row)' if isolate == 'row' else 'library'})")
     print(f"{'row':<10} {'prec':<5} {'library':<8} {'tokens':>7} {'median s':>9} {'tokens/s':>9} "
@@ -435,8 +457,10 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after "
                          "loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
-        "gemm_method": "gemm_floor: median step seconds over the summed self CPU seconds of GEMM_OPS in one "
-                       "torch.profiler pass of the same step; product_floor: over GEMM_OPS plus ATTENTION_OPS",
+        "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after one untimed) of "
+                       "each step's wall seconds over its own summed self CPU seconds of GEMM_OPS; product_floor: "
+                       "over GEMM_OPS plus ATTENTION_OPS; timed_product_floor: the timed median over the median "
+                       "profiled step's GEMM_OPS plus ATTENTION_OPS",
         "gemm_ops": list(GEMM_OPS), "attention_ops": list(ATTENTION_OPS),
         "reuse_freed_memory": args.reuse_freed_memory,
         "precisions": precisions, "not_measured": not_measured, "rows": rows,

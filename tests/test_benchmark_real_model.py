@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import statistics
 
 import pytest
 import torch
@@ -77,8 +78,9 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
 
 def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record):
     """Structure only: each training row of each library has its profiled GEMM time (mm at least, only
-    ops of GEMM_OPS) and its fused attention kernels' time, the step time over the first and over both,
-    and ropelab's targets; forward rows have none."""
+    ops of GEMM_OPS) and its fused attention kernels' time, for each of --reps profiled steps, the median
+    over those steps of each step's wall over the first and over both, and ropelab's targets; forward
+    rows have none."""
     record = quick_record
     assert {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm"} <= set(record["gemm_ops"])
     assert not set(record["gemm_ops"]) & set(record["attention_ops"])
@@ -93,11 +95,18 @@ def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_reco
                 assert all(op["calls"] > 0 and op["self_s"] >= 0 for op in r["gemm_ops"].values())
                 assert r["gemm_s"] == pytest.approx(sum(op["self_s"] for op in r["gemm_ops"].values()), abs=1e-5)
                 assert 0 < r["gemm_s"] <= r["profiled_s"]  # self times of one thread's ops within the step
-                assert r["gemm_floor"] == pytest.approx(r["median_s"] / r["gemm_s"], rel=1e-3)
+                # the median step's figures, and the median over every profiled step of its wall over its products
+                assert r["gemm_floor"] == pytest.approx(statistics.median(
+                    step["profiled_s"] / step["gemm_s"] for step in r["floor_steps"]), rel=1e-3)
+                assert len(r["floor_steps"]) == record["reps"]
+                assert r["gemm_floor_range"][0] <= r["gemm_floor"] <= r["gemm_floor_range"][1]
                 assert set(r["attention_ops"]) <= set(record["attention_ops"])
                 assert r["attention_s"] == pytest.approx(sum(op["self_s"] for op in r["attention_ops"].values()),
                                                          abs=1e-5)
-                assert r["product_floor"] == pytest.approx(r["median_s"] / (r["gemm_s"] + r["attention_s"]), rel=1e-3)
+                assert r["product_floor"] == pytest.approx(statistics.median(
+                    step["profiled_s"] / (step["gemm_s"] + step["attention_s"]) for step in r["floor_steps"]), rel=1e-3)
+                assert r["timed_product_floor"] == pytest.approx(r["median_s"] / (r["gemm_s"] + r["attention_s"]),
+                                                                 rel=1e-3)
             for floor in ("gemm_floor", "product_floor"):
                 target = record["targets"].get(f"{precision}/{row}/{floor}")
                 assert (target is not None) == (row in TRAIN_ROWS)
