@@ -57,6 +57,21 @@ static inline __attribute__((always_inline)) void rows_ce(
   }
 }
 
+/* total (n floats) += part (n values of dtype P), as torch's fp32 add_ of a bf16 tensor */
+void ropelab_add_into(int64_t n, float *total, const void *part, int64_t P, int64_t threads) {
+#pragma omp parallel num_threads(team(threads, n))
+  {
+    SPAN(n, lo, hi);
+    if (P) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++) total[i] = total[i] + load(part, i, 1);
+    } else {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++) total[i] = total[i] + load(part, i, 0);
+    }
+  }
+}
+
 /* Per row of logits (n, V) of dtype Z (1: bf16): lse and the label's logit, and (with_grad) the
    gradient written over the row, in Z; every label in [0, V) (the caller checks) */
 void ropelab_cross_entropy(int64_t n, int64_t V, void *logits, const int64_t *labels, float *lse, float *picked,
@@ -83,7 +98,21 @@ def library() -> Optional[ctypes.CDLL]:
     i, f, p = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.ropelab_cross_entropy.restype = None
     lib.ropelab_cross_entropy.argtypes = [i, i, p, p, p, p, i, f, f, f, f, i, i]
+    lib.ropelab_add_into.restype = None
+    lib.ropelab_add_into.argtypes = [i, p, p, i, i]
     return lib
+
+
+def add_into(total: torch.Tensor, part: torch.Tensor) -> bool:
+    """total += part in one pass, for a contiguous float32 CPU `total` and a `part` of its shape in
+    float32 or bfloat16 (torch's add_ would convert the part to a new float32 tensor first); the same
+    sums. False, having done nothing, where the loop does not apply."""
+    lib = library()
+    if (lib is None or torch.compiler.is_compiling() or total.dtype != torch.float32 or part.dtype not in DTYPES
+            or total.shape != part.shape or any(t.device.type != "cpu" or not t.is_contiguous() for t in (total, part))):
+        return False
+    lib.ropelab_add_into(total.numel(), total.data_ptr(), part.data_ptr(), DTYPES[part.dtype], torch.get_num_threads())
+    return True
 
 
 def ce_chunk(logits: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, grad_scale: Optional[float]

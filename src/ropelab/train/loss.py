@@ -51,7 +51,7 @@ from torch import nn
 from torch.overrides import has_torch_function
 
 from ropelab.precision import autocast_dtype
-from ropelab.train.cross_entropy_kernel import ce_chunk
+from ropelab.train.cross_entropy_kernel import add_into, ce_chunk
 
 
 class KDLoss(NamedTuple):
@@ -215,9 +215,12 @@ def _ce_chunk(zs: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, g
 
 
 def _add_in_blocks(total: torch.Tensor, part: torch.Tensor, rows: int = 4096) -> None:
-    """total += part for a part of another dtype (a bf16 product into an fp32 gradient), a block of rows at a
-    time: add_ converts its whole operand to total's dtype first, and a (V, C) conversion is over glibc's
-    mmap threshold, so it would be mapped and paged in anew on every call. The same sums either way."""
+    """total += part for a part of another dtype (a bf16 product into an fp32 gradient): in one pass on CPU
+    (`cross_entropy_kernel.add_into`), else a block of rows at a time: add_ converts its whole operand to
+    total's dtype first, and a (V, C) conversion is over glibc's mmap threshold, so it would be mapped and
+    paged in anew on every call. The same sums either way."""
+    if add_into(total, part):
+        return
     for start in range(0, total.shape[0], rows):
         total[start:start + rows].add_(part[start:start + rows])
 
