@@ -39,6 +39,13 @@ def test_swiglu_on_every_bf16_value_is_torchs_or_one_rounding_away():
         assert (a != b).float().mean() < 0.01  # and nearly always the same bits
 
 
+def test_swiglu_into_its_gate_gives_the_same_values():
+    gate, up = torch.randn(5, 1000).bfloat16(), torch.randn(5, 1000).bfloat16()
+    expected = layer_kernels.swiglu_loop(gate, up)
+    assert layer_kernels.swiglu_loop(gate, up, out=gate) is gate and torch.equal(gate, expected)
+    assert layer_kernels.swiglu_loop(gate, up, out=torch.empty(5, 1000)) is None  # out in another dtype
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=64))
 def test_swiglu_fp32_follows_torch_on_any_float(values):

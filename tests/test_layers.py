@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ropelab import layer_kernels
-from ropelab.layers import rms_norm, rms_norm_linear, swiglu, swiglu_linear
+from ropelab.layers import rms_norm, rms_norm_linear, swiglu, swiglu_, swiglu_linear
 from ropelab.precision import Bf16GemmInFp32
 
 DTYPES = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
@@ -125,6 +125,15 @@ def test_swiglu_equals_the_plain_expression(dtype, cpu_kernel):
     plain, plain_grads = values_and_grads(plain_swiglu, (gate, up))
     for a, b in zip([ours, *ours_grads], [plain, *plain_grads], strict=True):
         assert_matches_plain(a, b, cpu_kernel, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_in_place_swiglu_writes_swiglus_values_over_gate(dtype, cpu_kernel):
+    gen = torch.Generator().manual_seed(2)
+    gate, up = (torch.randn(2, 9, 40, generator=gen).to(dtype) for _ in range(2))
+    expected = swiglu(gate, up)
+    out = swiglu_(gate, up)
+    assert out.data_ptr() == gate.data_ptr() and torch.equal(out, expected)
 
 
 def test_they_keep_fewer_tensors_for_backward():

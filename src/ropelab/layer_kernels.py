@@ -221,12 +221,15 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def swiglu_loop(gate: torch.Tensor, up: torch.Tensor) -> Optional[torch.Tensor]:
-    """silu(gate) * up in their dtype, or None where the loop does not apply (then run torch)."""
-    lib = _runs(gate, up)
+def swiglu_loop(gate: torch.Tensor, up: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """silu(gate) * up in their dtype, into `out` if given (which may be gate itself: each element is read
+    before it is written), or None where the loop does not apply (then run torch)."""
+    lib = _runs(gate, up) if out is None else _runs(gate, up, out)
     if lib is None or gate.dtype != up.dtype or gate.shape != up.shape:
         return None
-    hidden = torch.empty_like(gate)
+    if out is not None and (out.dtype != gate.dtype or out.shape != gate.shape):
+        return None
+    hidden = torch.empty_like(gate) if out is None else out
     lib.ropelab_swiglu(gate.numel(), gate.data_ptr(), up.data_ptr(), hidden.data_ptr(), DTYPES[gate.dtype],
                        torch.get_num_threads())
     return hidden

@@ -122,6 +122,13 @@ def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up if fast is None else fast
 
 
+def swiglu_(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up written over gate, without autograd (an inference forward: no new (..., F) tensor):
+    the CPU loop where it applies, else torch's in-place ops; the values of `swiglu`."""
+    fast = swiglu_loop(gate, up, out=gate)
+    return F.silu(gate, inplace=True).mul_(up) if fast is None else fast
+
+
 def _swiglu_backward(gate, up, grad, need_gate: bool, need_up: bool, with_hidden: bool):
     """(silu(gate) * up if `with_hidden`, else None; the gradients of gate and up) for the gradient `grad` of
     silu(gate) * up: the CPU loop where it applies, else torch's ops."""

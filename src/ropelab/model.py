@@ -21,7 +21,7 @@ from ropelab.attention import Documents, attend
 from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
-from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_linear
+from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
 from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -140,7 +140,7 @@ class MLP(nn.Module):
         if self.swiglu:  # down(silu(gate) * up), keeping only gate and up for backward (ropelab.layers)
             gate, up = project(norm, x, self.gate_proj, self.up_proj)  # (B, T, F) each
             if not torch.is_grad_enabled() and not hooked(self.gate_proj, self.up_proj):
-                return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # ours alone: no new (B, T, F) tensors
+                return self.down_proj(swiglu_(gate, up))  # ours alone: no new (B, T, F) tensors
             return swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
         (up,) = project(norm, x, self.up_proj)
         return self.down_proj(F.gelu(up))

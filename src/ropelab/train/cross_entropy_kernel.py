@@ -5,7 +5,8 @@ In torch that is a cast of the logits to fp32, then max, subtract, exp, sum, sca
 autocast, a cast of the gradient back to bf16: seven passes over 256 x 49,152 values per chunk,
 20% of what a SmolLM2-135M step spends outside its matrix products (BENCHMARKS.md, "GEMM floor").
 This loop reads each row of logits in their own dtype, keeps it in cache for its three passes (max,
-sum of exp, gradient) and writes the gradient over the logits, in the head's dtype.
+sum of exp, gradient; the exps kept in a float row of their own between the last two) and writes the
+gradient over the logits, in the head's dtype.
 
 Numbers: the same float32 expressions as `loss._ce_chunk` (lse = log(sum(exp(z - max))) + max; the
 gradient exp(z - max) * ((w_ce + 2 w_z lse) * scale / sum), minus w_ce * scale at the label) but
@@ -24,10 +25,11 @@ import torch
 from ropelab.native import PRELUDE, load
 
 SOURCE = PRELUDE + r"""
+/* exp of a row's logits kept in `e` (V floats, this thread's) between the sum and the gradient */
 static inline __attribute__((always_inline)) void rows_ce(
     const int64_t lo, const int64_t hi, const int64_t V, void *logits, const int64_t *labels, float *lse,
     float *picked, const int with_grad, const float w_ce, const float w_z2, const float scale, const float label_term,
-    const int Z) {
+    float *e, const int Z) {
   for (int64_t r = lo; r < hi; r++) {
     const int64_t at = r * V;
     float peak = -INFINITY;
@@ -42,7 +44,10 @@ static inline __attribute__((always_inline)) void rows_ce(
       const int64_t stop = start + 512 < V ? start + 512 : V;
       float part = 0.0f;
 #pragma omp simd reduction(+ : part)
-      for (int64_t v = start; v < stop; v++) part += exp_of(load(logits, at + v, Z) - peak);
+      for (int64_t v = start; v < stop; v++) {
+        e[v] = exp_of(load(logits, at + v, Z) - peak);
+        part += e[v];
+      }
       sum += part;
     }
     const float total = (float)sum;
@@ -52,8 +57,8 @@ static inline __attribute__((always_inline)) void rows_ce(
     if (!with_grad) continue;
     const float factor = ((w_ce + w_z2 * row_lse) * scale) / total;
 #pragma omp simd
-    for (int64_t v = 0; v < V; v++) store(logits, at + v, exp_of(load(logits, at + v, Z) - peak) * factor, Z);
-    store(logits, at + labels[r], exp_of(label_logit - peak) * factor - label_term, Z);
+    for (int64_t v = 0; v < V; v++) store(logits, at + v, e[v] * factor, Z);
+    store(logits, at + labels[r], e[labels[r]] * factor - label_term, Z);
   }
 }
 
@@ -73,15 +78,17 @@ void ropelab_add_into(int64_t n, float *total, const void *part, int64_t P, int6
 }
 
 /* Per row of logits (n, V) of dtype Z (1: bf16): lse and the label's logit, and (with_grad) the
-   gradient written over the row, in Z; every label in [0, V) (the caller checks) */
+   gradient written over the row, in Z; every label in [0, V) (the caller checks); scratch: V floats
+   per thread */
 void ropelab_cross_entropy(int64_t n, int64_t V, void *logits, const int64_t *labels, float *lse, float *picked,
-                           int64_t with_grad, float w_ce, float w_z2, float scale, float label_term, int64_t Z,
-                           int64_t threads) {
+                           int64_t with_grad, float w_ce, float w_z2, float scale, float label_term, float *scratch,
+                           int64_t Z, int64_t threads) {
 #pragma omp parallel num_threads(team(threads, n * V))
   {
     SPAN(n, lo, hi);
-    if (Z) rows_ce(lo, hi, V, logits, labels, lse, picked, (int)with_grad, w_ce, w_z2, scale, label_term, 1);
-    else rows_ce(lo, hi, V, logits, labels, lse, picked, (int)with_grad, w_ce, w_z2, scale, label_term, 0);
+    float *e = scratch + THREAD_ID * V;
+    if (Z) rows_ce(lo, hi, V, logits, labels, lse, picked, (int)with_grad, w_ce, w_z2, scale, label_term, e, 1);
+    else rows_ce(lo, hi, V, logits, labels, lse, picked, (int)with_grad, w_ce, w_z2, scale, label_term, e, 0);
   }
 }
 """
@@ -97,7 +104,7 @@ def library() -> Optional[ctypes.CDLL]:
         return None
     i, f, p = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.ropelab_cross_entropy.restype = None
-    lib.ropelab_cross_entropy.argtypes = [i, i, p, p, p, p, i, f, f, f, f, i, i]
+    lib.ropelab_cross_entropy.argtypes = [i, i, p, p, p, p, i, f, f, f, f, p, i, i]
     lib.ropelab_add_into.restype = None
     lib.ropelab_add_into.argtypes = [i, p, p, i, i]
     return lib
@@ -133,8 +140,10 @@ def ce_chunk(logits: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float
     with_grad = grad_scale is not None and bool(w_ce or w_z)
     scale = grad_scale if with_grad else 0.0
     lse, picked = torch.empty(n), torch.empty(n)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, vocab)
     lib.ropelab_cross_entropy(n, vocab, logits.data_ptr(), labels.data_ptr(), lse.data_ptr(), picked.data_ptr(),
-                              int(with_grad), w_ce, 2 * w_z, scale, w_ce * scale, DTYPES[logits.dtype],
-                              torch.get_num_threads())
+                              int(with_grad), w_ce, 2 * w_z, scale, w_ce * scale, scratch.data_ptr(),
+                              DTYPES[logits.dtype], threads)
     sums = torch.stack([lse.new_zeros(()), (lse - picked).sum(), lse.square().sum()])
     return sums, logits if with_grad else None
