@@ -30,6 +30,12 @@ backward each cast's gradient cast back (per projection, before the sum over the
 autocast's state from their forward. Without gradients they run the plain expressions, and so
 under autocast with a torch-function mode (precision.Bf16GemmInFp32), which moves the products to
 fp32 kernels that their backward would not follow.
+
+On CPU the elementwise parts (the norm and its backward with the sum over projections, silu(g) * u
+and its backward) run as one C loop each (`ropelab.layer_kernels`), rounding where those ops round
+but with their own exp and sums: within one rounding of the plain expressions, and the fused and
+unfused layers share them, so those two stay bit-identical. Elsewhere, or with
+``ROPELAB_CPU_KERNEL=0``, the torch ops above run.
 """
 
 from __future__ import annotations
