@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab.native import PRELUDE, load
+from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load
 
 SOURCE = PRELUDE + r"""
 /* ---- SwiGLU: hidden = silu(g) * u; torch: silu(g) = g / (1 + exp(-g)) rounded to g's dtype, then
@@ -185,26 +185,16 @@ void ropelab_rms_norm_backward(int64_t rows, int64_t C, int64_t count, const int
 }
 """
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-_I, _F, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-
-
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled loops, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    lib = load(SOURCE, "layers_cpu", "CPU layer kernels")
-    if lib is None:
-        return None
-    signatures = {
-        "ropelab_swiglu": [_I, _P, _P, _P, _I, _I],
-        "ropelab_swiglu_backward": [_I, _P, _P, _P, _P, _P, _P, _I, _I],
-        "ropelab_rms_norm": [_I, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _I],
-        "ropelab_rms_norm_backward": [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I],
-    }
-    for name, argtypes in signatures.items():
-        getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = argtypes
-    return lib
+    I, F, P = I64, F32, ADDRESS
+    return load(SOURCE, "layers_cpu", "CPU layer kernels", {
+        "ropelab_swiglu": [I, P, P, P, I, I],
+        "ropelab_swiglu_backward": [I, P, P, P, P, P, P, I, I],
+        "ropelab_rms_norm": [I, I, P, P, P, P, I, F, I, I, I, I, I],
+        "ropelab_rms_norm_backward": [I, I, I, P, P, P, P, P, P, P, I, I, I, I, I],
+    })
 
 
 def _runs(*tensors: torch.Tensor) -> Optional[ctypes.CDLL]:

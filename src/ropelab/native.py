@@ -24,6 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 # What every kernel's source starts with: the headers; float32 / bfloat16 elements of a buffer as
 # floats (bf16 widened exactly; stored rounded to nearest even, as torch rounds); a vectorisable exp;
 # and the split of a parallel loop over torch's threads.
@@ -104,6 +106,9 @@ static inline int team(int64_t threads, const int64_t work) {
 #define THREAD_ID 0
 #endif
 """
+# the dtype flag the loops take for a tensor (their load/store read bf16 where it is 1)
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+I64, F32, ADDRESS = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p  # the loops' argument types
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]  # left out, single-threaded, where the compiler has no OpenMP (Apple's clang)
 
@@ -144,17 +149,22 @@ def c_compiler() -> Optional[str]:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def load(source: str, name: str, what: str) -> Optional[ctypes.CDLL]:
-    """The compiled `source`, or None: switched off (``ROPELAB_CPU_KERNEL=0``), no compiler, or the
-    build failed (a warning naming `what` says why; its callers fall back to torch)."""
+def load(source: str, name: str, what: str, signatures: dict[str, list]) -> Optional[ctypes.CDLL]:
+    """The compiled `source` with each function of `signatures` given its ctypes argument types (all
+    return void), or None: switched off (``ROPELAB_CPU_KERNEL=0``), no compiler, or the build failed
+    (a warning naming `what` says why; its callers fall back to torch)."""
     if os.environ.get("ROPELAB_CPU_KERNEL", "1") == "0":
         return None
     compiler = c_compiler()
     if compiler is None:
         return None
     try:
-        return ctypes.CDLL(str(compile_library(compiler, source, name)))
+        lib = ctypes.CDLL(str(compile_library(compiler, source, name)))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", b"") or b""
         warnings.warn(f"ropelab: {what} unavailable, using the torch path ({error} {detail.decode()[:300]})")
         return None
+    for function, argtypes in signatures.items():
+        getattr(lib, function).restype = None
+        getattr(lib, function).argtypes = argtypes
+    return lib

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab.native import PRELUDE, load
+from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load
 
 SOURCE = PRELUDE + r"""
 /* One tensor: its address, then its three outer dimensions ordered by decreasing stride: sizes,
@@ -121,21 +121,11 @@ void ropelab_rotate(int64_t count, const rows_t *rows, const int64_t *positions,
 }
 """
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
     """The compiled kernel, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    lib = load(SOURCE, "rope_cpu", "CPU RoPE kernel")
-    if lib is None:
-        return None
-    lib.ropelab_rotate.restype = None
-    lib.ropelab_rotate.argtypes = [
-        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int64,
-    ]
-    return lib
+    return load(SOURCE, "rope_cpu", "CPU RoPE kernel", {"ropelab_rotate": [
+        I64, ctypes.POINTER(I64), ADDRESS, ADDRESS, ADDRESS, I64, I64, I64, F32, I64]})
 
 
 def available() -> bool:

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ropelab.native import PRELUDE, load
+from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load
 
 SOURCE = PRELUDE + r"""
 /* exp of a row's logits kept in `e` (V floats, this thread's) between the sum and the gradient */
@@ -93,21 +93,14 @@ void ropelab_cross_entropy(int64_t n, int64_t V, void *logits, const int64_t *la
 }
 """
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
 @functools.cache
 def library() -> Optional[ctypes.CDLL]:
-    """The compiled loop, or None (disabled, no compiler, or the build failed: a warning says why)."""
-    lib = load(SOURCE, "cross_entropy_cpu", "CPU cross-entropy kernel")
-    if lib is None:
-        return None
-    i, f, p = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.ropelab_cross_entropy.restype = None
-    lib.ropelab_cross_entropy.argtypes = [i, i, p, p, p, p, i, f, f, f, f, p, i, i]
-    lib.ropelab_add_into.restype = None
-    lib.ropelab_add_into.argtypes = [i, p, p, i, i]
-    return lib
+    """The compiled loops, or None (disabled, no compiler, or the build failed: a warning says why)."""
+    I, F, P = I64, F32, ADDRESS
+    return load(SOURCE, "cross_entropy_cpu", "CPU cross-entropy kernel", {
+        "ropelab_cross_entropy": [I, I, P, P, P, P, I, F, F, F, F, P, I, I],
+        "ropelab_add_into": [I, P, P, I, I],
+    })
 
 
 def add_into(total: torch.Tensor, part: torch.Tensor) -> bool:
