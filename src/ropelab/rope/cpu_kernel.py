@@ -91,16 +91,14 @@ static void dispatch(char *base, const rows_t *g, int64_t lo, int64_t hi, const 
    (sign 1) or -angle (sign -1). Without positions (NULL) cos/sin hold each row's angles at the
    row's angle offset; with positions, cos/sin are tables of `half` columns and a row takes table
    row positions[offset] (the caller has checked every position against the table's length).
-   Each thread gets at least 32768 channels, as torch's own parallel loops
-   (at::internal::GRAIN_SIZE): waking a thread costs more than a small job. */
+   Each thread gets at least 32768 channels (`team`, as torch's own parallel loops): waking a thread
+   costs more than a small job. */
 void ropelab_rotate(int64_t count, const rows_t *rows, const int64_t *positions, const float *cos,
                     const float *sin, int64_t half, int64_t interleaved, int64_t bf16, float sign,
                     int64_t threads) {
   int64_t total = 0;
   for (int64_t t = 0; t < count; t++) total += rows[t].n[0] * rows[t].n[1] * rows[t].n[2];
-  const int64_t most = total * 2 * half / 32768;
-  if (threads > most) threads = most > 1 ? most : 1;
-  #pragma omp parallel num_threads(threads)
+  #pragma omp parallel num_threads(team(threads, total * 2 * half))
   {
 #ifdef _OPENMP
     const int64_t parts = omp_get_num_threads(), id = omp_get_thread_num();
