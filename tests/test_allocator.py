@@ -24,13 +24,13 @@ class RecordingLibc:
 
 
 @needs_glibc
-def test_glibc_gets_both_thresholds(monkeypatch):
+def test_glibc_gets_no_mmap_and_the_trim_threshold(monkeypatch):
     for key in MALLOC_ENVIRONMENT:
         monkeypatch.delenv(key, raising=False)
     libc = RecordingLibc()
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
     assert allocator.reuse_freed_memory() is True
-    assert libc.calls == [(-3, 32 << 20), (-1, 1 << 30)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
+    assert libc.calls == [(-4, 0), (-1, 1 << 30)]  # M_MMAP_MAX, M_TRIM_THRESHOLD (malloc.h)
 
 
 @needs_glibc

@@ -9,14 +9,16 @@ spend most of their time in those faults: on SmolLM2-135M at 4 x 512 tokens (AMD
 threads) the SwiGLU multiplies took 334 ms per 6 layers, and 62 ms with freed buffers kept
 (BENCHMARKS.md, "Real model", for the whole step).
 
-`reuse_freed_memory()` fixes the mmap threshold at glibc's largest, 32 MiB, from the start, and
-keeps up to 1 GiB of free heap top, so freed buffers stay in the process and serve the next
-allocations. Blocks above 32 MiB (an embedding-sized gradient, a loss chunk's logits) are still
-mapped and returned on free, so they do not fragment the heap. With them on the heap too (a 1 GiB
-mmap threshold) one comparison gave a step of 24.3 s and a peak of 2,296 MiB, against 23.7 s and
-2,224 MiB at 32 MiB: no gain, within run-to-run noise. The price is that the process
-does not shrink after a peak: its resident memory stays near the largest it has needed, which a
-training process reaches again every step anyway.
+`reuse_freed_memory()` turns glibc's mmap off (every block comes from the heap) and keeps up to
+1 GiB of free heap top, so freed buffers stay in the process and serve the next allocations. That
+includes the blocks above 32 MiB, glibc's largest threshold, which a step makes anew every time
+(the head's bf16 cast, its fp32 gradient, the tied embedding's gradient): mapped, each would be
+paged in again. Profiles of a bf16 SmolLM2-135M step at 4 x 512 tokens (AMD EPYC Zen 4, 2 threads,
+four pairs) gave, with those on the heap instead of mapped, 0.050-0.052 s instead of 0.086-0.090 s
+for the SwiGLU forward loops, 0.027-0.029 s instead of 0.060-0.069 s for the residual adds, and
+0.87-1.00 s instead of 0.90-1.14 s outside the matrix products and attention, for 20-25 MiB more
+peak (BENCHMARKS.md). The price is that the process does not shrink after a peak: its resident
+memory stays near the largest it has needed, which a training process reaches again every step anyway.
 `train()` calls it on CPU runs (`train.reuse_freed_memory`, on by default).
 
 It changes nothing where the user has chosen an allocator or its settings (`LD_PRELOAD` of
@@ -31,8 +33,8 @@ import os
 import platform
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's own largest: blocks up to 32 MiB come from the heap from the start
+M_MMAP_MAX = -4
+MMAP_MAX = 0  # no block is mapped: all come from the heap, and freed ones stay there for the next
 TRIM_THRESHOLD_BYTES = 1 << 30  # up to 1 GiB of free heap top is kept
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
@@ -56,14 +58,14 @@ def why_not_reuse(environ: dict | None = None) -> str | None:
 
 
 def reuse_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process (module docstring); True if they were set."""
+    """Turn glibc's mmap off and raise its trim threshold for this process (module docstring); True if set."""
     if why_not_reuse() is not None:
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+    return bool(libc.mallopt(M_MMAP_MAX, MMAP_MAX)) and bool(
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 

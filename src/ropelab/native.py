@@ -4,8 +4,8 @@
 A kernel's C source is compiled once per machine with the system C compiler (``$CC``, else ``cc``
 or ``gcc``) into ``$ROPELAB_CACHE/kernels`` (default ``~/.cache/ropelab/kernels``), named by a hash
 of the source, the flags and the CPU model (``-march=native`` code must not travel to another
-CPU), and loaded with ctypes. Floating point is compiled without fused multiply-adds
-(``-ffp-contract=off``), so a loop gives the bits its C expressions say. Parallel loops use
+CPU), and loaded with ctypes. Floating point is compiled without implicit fused multiply-adds
+(``-ffp-contract=off``; `exp_of` writes its own), so a loop gives the bits its C expressions say. Parallel loops use
 OpenMP; torch has already loaded its own libgomp, so a library binds to torch's thread pool
 instead of starting a second one (a compiler without OpenMP builds single-threaded loops).
 ``ROPELAB_CPU_KERNEL=0`` switches every kernel off: the callers then run their torch paths.
@@ -68,26 +68,31 @@ static inline float rounded(float f, const int bf16) {
 
 /* exp(x) to within 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of degree 7
    (truncation below 1e-8 relative), times 2^n built from n's bits. Inputs above 88.7228 give inf
-   and below -86.5 give 0 (where exp(x) < 2.7e-38): every caller adds it to 1 or more. */
+   and below -86.5 give 0 (where exp(x) < 2.7e-38): every caller adds it to 1 or more. Those two
+   come from the scale's bits (0 and inf times the positive polynomial), not from a select of
+   constants: GCC would carry a constant result into each caller's division and vectorise that
+   division once per case. */
 static inline float exp_of(const float x) {
   const float top = 88.72283935546875f, bottom = -86.5f;
   const float c = x < bottom ? bottom : (x > top ? top : x);
   const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-  float r = c - n * 0.693359375f;  /* ln2 in two parts: n * the first is exact */
-  r = r - n * -2.12194440e-4f;
+  /* fused multiply-adds (one rounding each, half the instructions: the loops that call this are
+     bound by their instruction count); a CPU without FMA gets libm's fmaf, the same bits */
+  float r = __builtin_fmaf(n, -0.693359375f, c);  /* ln2 in two parts: n * the first is exact */
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
   float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const uint32_t bits = (uint32_t)((int32_t)n + 126) << 23;  /* 2^(n-1): n - 1 >= -126 stays normal */
+  p = __builtin_fmaf(p, r, 1.0f / 720.0f);
+  p = __builtin_fmaf(p, r, 1.0f / 120.0f);
+  p = __builtin_fmaf(p, r, 1.0f / 24.0f);
+  p = __builtin_fmaf(p, r, 1.0f / 6.0f);
+  p = __builtin_fmaf(p, r, 0.5f);
+  p = __builtin_fmaf(p, r, 1.0f);
+  p = __builtin_fmaf(p, r, 1.0f);
+  uint32_t bits = (uint32_t)((int32_t)n + 126) << 23;  /* 2^(n-1): n - 1 >= -126 stays normal */
+  bits = x < bottom ? 0u : (x > top ? 0x7f800000u : bits);  /* 0, inf */
   float half_scale;
   memcpy(&half_scale, &bits, 4);
-  const float y = p * half_scale * 2.0f;
-  return x > top ? INFINITY : (x < bottom ? 0.0f : y);
+  return p * half_scale * 2.0f;
 }
 
 /* Threads for `work` elements: each at least 32768, as torch's own parallel loops (at::internal::GRAIN_SIZE). */

@@ -330,3 +330,43 @@ def test_a_second_backward_through_one_loss_is_refused():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="retain_graph"):
         loss.backward()
+
+
+def _inner_dimensions(prof) -> list[int]:
+    """The inner dimension of every matrix product a profile recorded (its first factor's columns)."""
+    factor = {"aten::mm": 0, "aten::addmm_": 1}  # addmm_(total, a, b): a @ b added to total
+    return [event.input_shapes[factor[event.name]][1] for event in prof.events() if event.name in factor]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("loop", [True, False], ids=["ce-loop", "torch-ce"])
+@pytest.mark.parametrize("teacher", [False, True], ids=["ce", "kd"])
+def test_the_head_gradient_of_a_group_of_chunks_is_one_product(monkeypatch, precision, loop, teacher):
+    """Chunks whose logits share the group buffer get one head-gradient product over all their tokens (here
+    groups of 2 of 5 chunks: 32, 32 and 13 tokens); gradients equal those of one product per chunk, to the
+    rounding of the sums' order (bf16: the product rounded once instead of per chunk)."""
+    from ropelab.train import loss as loss_module
+    if not loop:
+        monkeypatch.setattr(loss_module, "ce_chunk", lambda *args: None)
+    hs, W, ht, Wt, labels = _inputs(seed=13, T=40, V=300, C=24, ignore=(0, 1, 2))
+    targets = TeacherHidden(ht, Wt) if teacher else None
+    results = {}
+    for name, group_bytes in (("grouped", 2 * 16 * 300 * (4 if precision == "fp32" else 2)), ("per-chunk", 0)):
+        monkeypatch.setattr(loss_module, "GROUP_BYTES", group_bytes)
+        h, w = hs.clone().requires_grad_(), W.clone().requires_grad_()
+        with torch.profiler.profile(record_shapes=True) as prof:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out = kd_loss(h, w, labels, targets, 1.0, 1.0, None, 16)
+        out.loss.backward()
+        results[name] = (out.loss.detach(), h.grad, w.grad, _inner_dimensions(prof))
+    (loss, h_grad, w_grad, inner), (loss1, h_grad1, w_grad1, inner1) = results["grouped"], results["per-chunk"]
+    other = (12, 24, 300)  # the inner dimensions of the logits (the teacher's C, the student's) and of grad_h (V)
+    head_gradients = sorted(k for k in inner if k not in other)
+    # under bf16 the gradient of torch's ops (a teacher's, or with the loop off) is fp32, cast: its own product
+    deferred = precision == "fp32" or (loop and not teacher)
+    assert head_gradients == ([13, 32, 32] if deferred else [13, 16, 16, 16, 16])
+    assert sorted(k for k in inner1 if k not in other) == [13, 16, 16, 16, 16]
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(loss, loss1, rtol=0, atol=0)
+    torch.testing.assert_close(h_grad, h_grad1, rtol=0, atol=0)
+    torch.testing.assert_close(w_grad, w_grad1, **tol)
