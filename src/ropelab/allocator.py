@@ -16,8 +16,8 @@ includes the blocks above 32 MiB, glibc's largest threshold, which a step makes 
 paged in again. Profiles of a bf16 SmolLM2-135M step at 4 x 512 tokens (AMD EPYC Zen 4, 2 threads,
 four pairs) gave, with those on the heap instead of mapped, 0.050-0.052 s instead of 0.086-0.090 s
 for the SwiGLU forward loops, 0.027-0.029 s instead of 0.060-0.069 s for the residual adds, and
-0.87-1.00 s instead of 0.90-1.14 s outside the matrix products and attention, for 20-25 MiB more
-peak (BENCHMARKS.md). The price is that the process does not shrink after a peak: its resident
+0.87-1.00 s instead of 0.90-1.14 s outside the matrix products and attention; an fp32 step peaked 13 MiB higher
+(3,091 against 3,078 MiB added; BENCHMARKS.md). The price is that the process does not shrink after a peak: its resident
 memory stays near the largest it has needed, which a training process reaches again every step anyway.
 `train()` calls it on CPU runs (`train.reuse_freed_memory`, on by default).
 

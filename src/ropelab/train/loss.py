@@ -30,9 +30,9 @@ accumulated chunk by chunk during the forward pass (`_ChunkedLoss`, the approach
 cross-entropy kernels), so backward holds no chunk's logits either, and none are recomputed. Peak
 memory: about six fp32 (chunk_tokens x V) tensors with a teacher, one without (cross-entropy alone
 works on the logits in place, `_ce_chunk`), plus one gradient of the student's head. The logits of
-consecutive chunks share one buffer of up to GROUP_BYTES (96 MiB: four bf16 or two fp32 chunks of
-256 x 49k) where their gradients are formed in place, and the head's gradient is one product over
-the whole group's tokens instead of one per chunk. Under autocast the head is cast to its dtype
+consecutive chunks share one buffer of up to GROUP_BYTES (64 MiB: two bf16 chunks of 256 x 49k;
+fp32 chunks of that size stay one per group) where their gradients are formed in place, and the
+head's gradient is one product over the whole group's tokens instead of one per chunk. Under autocast the head is cast to its dtype
 once per call (autocast itself would cast the head's transpose again for every chunk).
 
 Vocabulary. The teacher's logits cover the ids of the tokenizer both models share; student columns
@@ -227,7 +227,9 @@ def _add_in_blocks(total: torch.Tensor, part: torch.Tensor, rows: int = 4096) ->
 
 
 # The head's gradient runs once per group of chunks whose logits fit in this many bytes (module docstring).
-GROUP_BYTES = 96 << 20
+# On SmolLM2-135M at 4 x 512 tokens a 64 MiB group added 69 MiB to a bf16 step's peak, 96 MiB 121 MiB,
+# and 96 MiB (two fp32 chunks) 115 MiB to an fp32 step's, where 64 MiB adds nothing (BENCHMARKS.md).
+GROUP_BYTES = 64 << 20
 
 
 class _ChunkedLoss(torch.autograd.Function):
@@ -265,7 +267,8 @@ class _ChunkedLoss(torch.autograd.Function):
         # (fp32, or autocast's with the casts above), where the loss forms each chunk's gradient in place
         # (the CPU loop of `cross_entropy_kernel` without a teacher, `_chunk` on fp32 logits). The head's
         # gradient then runs once per group, over all its chunks' tokens: that product's inner dimension
-        # is the tokens, and at 256 of them a bf16 GEMM ran 1.4x slower than at 1,024 (AMD EPYC Zen 4).
+        # is the tokens: over 2,048 tokens of SmolLM2's head, eight bf16 GEMMs of 256 took 0.45 s, four of
+        # 512 0.35 s, two of 1,024 0.32 s (AMD EPYC Zen 4, 2 threads).
         # Logits that must be copied to fp32 go into one reused chunk buffer: a fresh (chunk, V) tensor
         # would be paged in anew. A chunk's gradient is used before later logits overwrite its rows.
         direct = cast is None and plain and hidden.dtype == head.dtype == torch.float32
