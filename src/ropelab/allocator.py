@@ -9,16 +9,17 @@ spend most of their time in those faults: on SmolLM2-135M at 4 x 512 tokens (AMD
 threads) the SwiGLU multiplies took 334 ms per 6 layers, and 62 ms with freed buffers kept
 (BENCHMARKS.md, "Real model", for the whole step).
 
-`reuse_freed_memory()` turns glibc's mmap off (every block comes from the heap) and keeps up to
-1 GiB of free heap top, so freed buffers stay in the process and serve the next allocations. That
-includes the blocks above 32 MiB, glibc's largest threshold, which a step makes anew every time
-(the head's bf16 cast, its fp32 gradient, the tied embedding's gradient): mapped, each would be
-paged in again. Profiles of a bf16 SmolLM2-135M step at 4 x 512 tokens (AMD EPYC Zen 4, 2 threads,
-four pairs) gave, with those on the heap instead of mapped, 0.050-0.052 s instead of 0.086-0.090 s
-for the SwiGLU forward loops, 0.027-0.029 s instead of 0.060-0.069 s for the residual adds, and
-0.87-1.00 s instead of 0.90-1.14 s outside the matrix products and attention; an fp32 step peaked 13 MiB higher
-(3,091 against 3,078 MiB added; BENCHMARKS.md). The price is that the process does not shrink after a peak: its resident
-memory stays near the largest it has needed, which a training process reaches again every step anyway.
+`reuse_freed_memory()` turns glibc's mmap off (every block comes from the heap) and keeps up to 1
+GiB of free heap top, so freed buffers stay in the process and serve the next allocations. That
+includes the blocks above 32 MiB, glibc's largest threshold, which a step makes anew every time (the
+head's bf16 cast, its fp32 gradient, the tied embedding's gradient): mapped, each would be paged in
+again. Profiles of a bf16 SmolLM2-135M step at 4 x 512 tokens (AMD EPYC Zen 4, 2 threads, four
+pairs) gave, with those on the heap instead of mapped, 0.050-0.052 s instead of 0.086-0.090 s for
+the SwiGLU forward loops, 0.027-0.029 s instead of 0.060-0.069 s for the residual adds, and
+0.87-1.00 s instead of 0.90-1.14 s outside the matrix products and attention; an fp32 step peaked 13
+MiB higher (3,091 against 3,078 MiB added; BENCHMARKS.md). The price is that the process does not
+shrink after a peak: its resident memory stays near the largest it has needed, which a training
+process reaches again every step anyway.
 `train()` calls it on CPU runs (`train.reuse_freed_memory`, on by default).
 
 It changes nothing where the user has chosen an allocator or its settings (`LD_PRELOAD` of

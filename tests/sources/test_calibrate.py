@@ -24,8 +24,8 @@ def test_two_norm_scores_equal_a_hand_computation(layout):
     scores = two_norm_scores(model, [batch(tokens)])
     attn = model.blocks[1].attn
     x = captured["x"]  # (B, T, C): what layer 1's projections read
-    q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(2, 9, 4, 16)
-    k = (x @ attn.k_proj.weight.T + attn.k_proj.bias).view(2, 9, KV, 16)
+    q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).detach().view(2, 9, 4, 16)
+    k = (x @ attn.k_proj.weight.T + attn.k_proj.bias).detach().view(2, 9, KV, 16)
 
     def mean_norm(t, head, pair):
         a, b = (pair, pair + 8) if layout == "half" else (2 * pair, 2 * pair + 1)
