@@ -155,3 +155,26 @@ def test_boundaries_are_derived_once_per_forward(monkeypatch):
     model.set_attention_backend("dense")
     model(torch.zeros(1, 6, dtype=torch.long), doc_ids=torch.tensor([[0, 0, 0, 1, 1, 1]]))
     assert len(calls) == 1 and len(model.blocks) == 2
+
+
+def test_cpu_sdpa_gets_contiguous_keys_and_values_only_without_a_cache(monkeypatch):
+    """Full-length causal attention on CPU hands SDPA contiguous k and v (its flash kernel runs faster so;
+    BENCHMARKS.md) with the same result; a cached call (fewer queries than keys) passes the cache's own views."""
+    from ropelab import attention_windows
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((k.is_contiguous(), v.is_contiguous()))
+        return real(q, k, v, **kwargs)
+
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 16, 4 * 8 + 2 * 2 * 8, generator=g)  # (B, T, (H + 2K) D) as the projections make it
+    q = qkv[..., :32].view(2, 16, 4, 8).transpose(1, 2)
+    k = qkv[..., 32:48].view(2, 16, 2, 8).transpose(1, 2)
+    v = qkv[..., 48:].view(2, 16, 2, 8).transpose(1, 2)
+    expected = real(q, k, v, is_causal=True, enable_gqa=True)
+    monkeypatch.setattr(attention_windows.F, "scaled_dot_product_attention", spy)
+    torch.testing.assert_close(attend(q, k, v), expected)
+    attend(q[:, :, -1:], k, v)
+    assert seen == [(True, True), (False, False)]
