@@ -5,6 +5,7 @@ its callers run their torch paths."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ropelab import layer_kernels, native
 from ropelab.rope import cpu_kernel as rope_cpu
@@ -48,3 +49,11 @@ def test_the_cache_key_follows_the_source_and_the_cpu(tmp_path, monkeypatch):
     assert native.compile_library(native.c_compiler(), source, "nothing") == first
     monkeypatch.setattr(native, "cpu_model", lambda: "another CPU")
     assert native.compile_library(native.c_compiler(), source, "nothing") != first
+
+
+def test_the_loops_take_contiguous_float32_and_bfloat16_cpu_tensors_only():
+    x = torch.zeros(4, 6)
+    assert native.runs_on(x, x.bfloat16())
+    assert not native.runs_on(x, x.t())  # not contiguous
+    assert not native.runs_on(x.half())
+    assert not native.runs_on(torch.zeros(4, 6, device="meta"))

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load
+from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load, runs_on
 
 SOURCE = PRELUDE + r"""
 /* ---- SwiGLU: hidden = silu(g) * u; torch: silu(g) = g / (1 + exp(-g)) rounded to g's dtype, then
@@ -198,13 +198,8 @@ def library() -> Optional[ctypes.CDLL]:
 
 
 def _runs(*tensors: torch.Tensor) -> Optional[ctypes.CDLL]:
-    """The library, if it can run on `tensors`: contiguous float32/bfloat16 CPU tensors, not while
-    torch.compile traces (a C call would break its graph); else None."""
-    if torch.compiler.is_compiling():
-        return None
-    if not all(t.device.type == "cpu" and t.dtype in DTYPES and t.is_contiguous() for t in tensors):
-        return None
-    return library()
+    """The library, if it can run on `tensors` (`native.runs_on`); else None."""
+    return library() if runs_on(*tensors) else None
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:

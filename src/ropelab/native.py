@@ -5,9 +5,9 @@ A kernel's C source is compiled once per machine with the system C compiler (``$
 or ``gcc``) into ``$ROPELAB_CACHE/kernels`` (default ``~/.cache/ropelab/kernels``), named by a hash
 of the source, the flags and the CPU model (``-march=native`` code must not travel to another
 CPU), and loaded with ctypes. Floating point is compiled without implicit fused multiply-adds
-(``-ffp-contract=off``; `exp_of` writes its own), so a loop gives the bits its C expressions say. Parallel loops use
-OpenMP; torch has already loaded its own libgomp, so a library binds to torch's thread pool
-instead of starting a second one (a compiler without OpenMP builds single-threaded loops).
+(``-ffp-contract=off``; `exp_of` writes its own), so a loop gives the bits its C expressions say.
+Parallel loops use OpenMP; torch has already loaded its own libgomp, so a library binds to torch's
+thread pool instead of starting a second one (a compiler without OpenMP builds single-threaded loops).
 ``ROPELAB_CPU_KERNEL=0`` switches every kernel off: the callers then run their torch paths.
 """
 
@@ -152,6 +152,14 @@ def compile_library(compiler: str, source: str, name: str) -> Path:
 def c_compiler() -> Optional[str]:
     """The system C compiler: ``$CC``, else ``cc`` or ``gcc`` on the PATH; None without one."""
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def runs_on(*tensors: torch.Tensor) -> bool:
+    """Whether the loops can take `tensors`: contiguous float32/bfloat16 CPU tensors, and not while
+    torch.compile traces (a C call would break its graph)."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(t.device.type == "cpu" and t.dtype in DTYPES and t.is_contiguous() for t in tensors)
 
 
 def load(source: str, name: str, what: str, signatures: dict[str, list]) -> Optional[ctypes.CDLL]:

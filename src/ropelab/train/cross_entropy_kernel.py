@@ -10,8 +10,9 @@ gradient over the logits, in the head's dtype.
 
 Numbers: the same float32 expressions as `loss._ce_chunk` (lse = log(sum(exp(z - max))) + max; the
 gradient exp(z - max) * ((w_ce + 2 w_z lse) * scale / sum), minus w_ce * scale at the label) but
-with `ropelab.native`'s exp and its own sum (float blocks of 512 added in double; torch adds pairwise), so the loss and
-the gradient are within a few float32 roundings of the torch path's (tests/train/test_cross_entropy_kernel.py).
+with `ropelab.native`'s exp and its own sum (float blocks of 512 added in double; torch adds
+pairwise), so the loss and the gradient are within a few float32 roundings of the torch path's
+(tests/train/test_cross_entropy_kernel.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load
+from ropelab.native import ADDRESS, DTYPES, F32, I64, PRELUDE, load, runs_on
 
 SOURCE = PRELUDE + r"""
 /* exp of a row's logits kept in `e` (V floats, this thread's) between the sum and the gradient */
@@ -108,8 +109,7 @@ def add_into(total: torch.Tensor, part: torch.Tensor) -> bool:
     float32 or bfloat16 (torch's add_ would convert the part to a new float32 tensor first); the same
     sums. False, having done nothing, where the loop does not apply."""
     lib = library()
-    if (lib is None or torch.compiler.is_compiling() or total.dtype != torch.float32 or part.dtype not in DTYPES
-            or total.shape != part.shape or any(t.device.type != "cpu" or not t.is_contiguous() for t in (total, part))):
+    if lib is None or not runs_on(total, part) or total.dtype != torch.float32 or total.shape != part.shape:
         return False
     lib.ropelab_add_into(total.numel(), total.data_ptr(), part.data_ptr(), DTYPES[part.dtype], torch.get_num_threads())
     return True
@@ -122,8 +122,7 @@ def ce_chunk(logits: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float
     does not apply (then run `_ce_chunk`): not a contiguous 2-D CPU tensor of those dtypes, under
     torch.compile, or a label outside [0, V), for which torch's own indexing raises its error."""
     lib = library()
-    if (lib is None or torch.compiler.is_compiling() or logits.device.type != "cpu" or logits.dtype not in DTYPES
-            or logits.dim() != 2 or not logits.is_contiguous() or labels.dtype != torch.int64
+    if (lib is None or not runs_on(logits) or logits.dim() != 2 or labels.dtype != torch.int64
             or labels.device.type != "cpu" or labels.shape != logits.shape[:1]):
         return None
     n, vocab = logits.shape

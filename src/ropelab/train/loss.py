@@ -32,8 +32,9 @@ memory: about six fp32 (chunk_tokens x V) tensors with a teacher, one without (c
 works on the logits in place, `_ce_chunk`), plus one gradient of the student's head. The logits of
 consecutive chunks share one buffer of up to GROUP_BYTES (64 MiB: two bf16 chunks of 256 x 49k;
 fp32 chunks of that size stay one per group) where their gradients are formed in place, and the
-head's gradient is one product over the whole group's tokens instead of one per chunk. Under autocast the head is cast to its dtype
-once per call (autocast itself would cast the head's transpose again for every chunk).
+head's gradient is one product over the whole group's tokens instead of one per chunk. Under
+autocast the head is cast to its dtype once per call (autocast itself would cast the head's
+transpose again for every chunk).
 
 Vocabulary. The teacher's logits cover the ids of the tokenizer both models share; student columns
 beyond them (embedding rows padded to a multiple of 64) get zero teacher probability: they stay in
