@@ -284,9 +284,9 @@ class _ChunkedLoss(torch.autograd.Function):
 
         pending: list[tuple[int, torch.Tensor]] = []  # (first buffer row, token rows) of the chunks waiting
 
-        def head_gradient(grad: torch.Tensor, rows: torch.Tensor) -> None:
+        def head_gradient(grad: torch.Tensor, h: torch.Tensor) -> None:  # h: the hidden states of grad's rows
             nonlocal grad_w
-            h = states[rows].to(head.dtype)
+            h = h.to(head.dtype)
             if grad_w is None:
                 grad_w = linear(grad.t(), h.t()).to(weight.dtype)
             elif cast is None:
@@ -297,7 +297,7 @@ class _ChunkedLoss(torch.autograd.Function):
         def flush() -> None:  # the waiting chunks, consecutive in the buffer
             if pending:
                 rows = torch.cat([r for _, r in pending])
-                head_gradient(buffers["products"][pending[0][0]:pending[0][0] + len(rows)], rows)
+                head_gradient(buffers["products"][pending[0][0]:pending[0][0] + len(rows)], states[rows])
                 pending.clear()
 
         for index, rows in enumerate(kept.split(spec.chunk_tokens)):
@@ -330,7 +330,7 @@ class _ChunkedLoss(torch.autograd.Function):
                     flush()
             else:
                 flush()
-                head_gradient(grad, rows)
+                head_gradient(grad, h)
         flush()
         if need_w and grad_w is None:  # no labelled token
             grad_w = torch.zeros_like(weight)
