@@ -295,9 +295,10 @@ def test_fused_layers_train_as_the_plain_ones_under_cuda_autocast(dtype, monkeyp
 # autocast the residuals, the log-sum-exp and the rstd stay fp32, the projections' outputs are bf16.
 SAVED_PER_TOKEN = {"fp32": lambda C, F_, H, KD: 4 * (4 * C + 2 * KD + 2 * F_ + H + 2),
                    "bf16-autocast": lambda C, F_, H, KD: 4 * (2 * C + H + 2) + 2 * (2 * C + 2 * KD + 2 * F_)}
-# And per layer, whatever the length: under autocast the bf16 copy of the output projection's weight
-# (the fused projections cast theirs again in backward); nothing in fp32.
-SAVED_PER_LAYER = {"fp32": lambda C: 0, "bf16-autocast": lambda C: 2 * C * C}
+# And per layer, whatever the length: under autocast the bf16 copies of the projections' weights (q and o
+# C x C, k and v KD x C, gate, up and down F x C), as autocast keeps them; nothing in fp32.
+SAVED_PER_LAYER = {"fp32": lambda C, F_, KD: 0,
+                   "bf16-autocast": lambda C, F_, KD: 2 * (2 * C * C + 2 * KD * C + 3 * F_ * C)}
 
 
 @pytest.mark.parametrize("precision", sorted(PRECISIONS))
@@ -315,7 +316,7 @@ def test_a_llama_block_keeps_only_what_backward_cannot_recompute_cheaply(precisi
     short, long = layer_bytes(24), layer_bytes(48)
     per_token = (long - short) / (2 * 24)
     assert per_token == SAVED_PER_TOKEN[precision](32, 48, 4, 2 * 8)
-    assert short - 2 * 24 * per_token == SAVED_PER_LAYER[precision](32)
+    assert short - 2 * 24 * per_token == SAVED_PER_LAYER[precision](32, 48, 2 * 8)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -17,9 +17,10 @@ Per token and layer of a Llama block (C d_model, F d_ff): the first two save 2C 
 last two another 2C + F. SmolLM2-135M, bytes per token and layer, plain -> rms_norm and swiglu ->
 the fused ones: fp32 44,588 -> 33,836 -> 23,084; bf16 autocast 30,380 -> 22,700 -> 13,868 (there
 autocast also keeps a bf16 copy of the normalised x per projection and of silu(g) * u, which the fused
-ones never make; tests/test_model.py counts both). Under autocast they also keep no bf16 copy of
-their projections' weights (backward casts them again): per layer 7,077,888 -> 663,552 bytes, the
-output projection's. BENCHMARKS.md ("Real model") has the measured peaks.
+ones never make; tests/test_model.py counts both). Under autocast they keep their projections' bf16
+weights for backward, as autocast's own products keep theirs (per layer 7,077,888 bytes on
+SmolLM2-135M): casting them again in backward saved that, 184 MiB over 30 layers, but took 0.03 s of
+a 6-7 s training step (BENCHMARKS.md, "Real model", has the measured peaks and steps).
 
 All run the plain expressions' own ops in the same order, forward and backward (autograd's chain
 rule written out, its matrix products in its operand order), so values and gradients are
@@ -197,11 +198,12 @@ class _RMSNormLinear(torch.autograd.Function):
         ctx.autocast = autocast_dtype(x.device.type)  # backward casts as this forward did, whatever is on then
         ctx.eps = eps
         ctx.bias_dtypes = [None if b is None else b.dtype for b in params[1::2]]
+        ctx.weight_dtypes = [w.dtype for w in params[0::2]]
         with torch.autocast(x.device.type, enabled=False):
             normed, rstd = _normalised(x, norm_weight, eps, ctx.autocast)  # cast once for all the linears
-            outs = tuple(F.linear(normed, _cast(w, ctx.autocast), _cast(b, ctx.autocast))
-                         for w, b in zip(params[0::2], params[1::2]))
-        ctx.save_for_backward(x, norm_weight, rstd, *params[0::2])
+            weights = [_cast(w, ctx.autocast) for w in params[0::2]]  # kept for backward, as autocast keeps them
+            outs = tuple(F.linear(normed, w, _cast(b, ctx.autocast)) for w, b in zip(weights, params[1::2]))
+        ctx.save_for_backward(x, norm_weight, rstd, *weights)
         return outs
 
     @staticmethod
@@ -214,10 +216,10 @@ class _RMSNormLinear(torch.autograd.Function):
             for i in range(len(weights)):
                 bias_dtype = ctx.bias_dtypes[i]
                 part, grad_weight, grad_bias = _linear_backward(
-                    grads[i], cast, _cast(weights[i], ctx.autocast), True, needs[3 + 2 * i],
+                    grads[i], cast, weights[i], True, needs[3 + 2 * i],
                     bias_dtype is not None and needs[4 + 2 * i])
                 parts.append(part)  # summed last first, in the norm's dtype (each linear's cast, backward)
-                grad_params += [_to(grad_weight, weights[i].dtype), _to(grad_bias, bias_dtype)]
+                grad_params += [_to(grad_weight, ctx.weight_dtypes[i]), _to(grad_bias, bias_dtype)]
             grad_x, grad_norm_weight = _rms_norm_backward(parts, x, norm_weight, rstd, needs[0], needs[1])
         return grad_x, grad_norm_weight, None, *grad_params
 
@@ -237,10 +239,12 @@ class _SwiGLULinear(torch.autograd.Function):
     def forward(ctx, gate, up, weight, bias):
         ctx.autocast = autocast_dtype(gate.device.type)
         ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype = weight.dtype
         with torch.autocast(gate.device.type, enabled=False):
             hidden = _cast(_swiglu(gate, up), ctx.autocast)
-            out = F.linear(hidden, _cast(weight, ctx.autocast), _cast(bias, ctx.autocast))
-        ctx.save_for_backward(gate, up, weight)
+            cast_weight = _cast(weight, ctx.autocast)  # kept for backward, as autocast keeps it
+            out = F.linear(hidden, cast_weight, _cast(bias, ctx.autocast))
+        ctx.save_for_backward(gate, up, cast_weight)
         return out
 
     @staticmethod
@@ -248,7 +252,7 @@ class _SwiGLULinear(torch.autograd.Function):
         gate, up, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with torch.autocast(gate.device.type, enabled=False):
-            grad_hidden, _, _ = _linear_backward(grad, None, _cast(weight, ctx.autocast), needs[0] or needs[1],
+            grad_hidden, _, _ = _linear_backward(grad, None, weight, needs[0] or needs[1],
                                                  False, False)
             if grad_hidden is not None:  # autocast's cast of silu(gate) * up, backward
                 grad_hidden = grad_hidden.to(torch.promote_types(gate.dtype, up.dtype))
@@ -256,7 +260,7 @@ class _SwiGLULinear(torch.autograd.Function):
                                                           with_hidden=needs[2])
             _, grad_weight, grad_bias = _linear_backward(grad, _cast(hidden, ctx.autocast), None, False, needs[2],
                                                          needs[3])
-        return grad_gate, grad_up, _to(grad_weight, weight.dtype), _to(grad_bias, ctx.bias_dtype)
+        return grad_gate, grad_up, _to(grad_weight, ctx.weight_dtype), _to(grad_bias, ctx.bias_dtype)
 
 
 def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,

@@ -380,3 +380,47 @@ def test_model_compiles_without_graph_breaks():
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-6, atol=1e-6)
     for ours, theirs in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _nodes(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes on tensor's graph."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+VIEWS = {  # (B, T, H * D) projection -> (B, H, T, D) q of the shape rope takes, as a view of it
+    "transpose": lambda p: p.view(B, T, H, D).transpose(1, 2),
+    "permute": lambda p: p.view(T, B, H, D).permute(1, 2, 0, 3),  # tokens outermost in memory
+    "narrowed": lambda p: p.view(B, T, 2 * H, D // 2)[:, :, :H].transpose(1, 2).contiguous().view(B, H, T, D // 2),
+    "strided slice": lambda p: p.view(B, T, H, D)[:, :, :, :D // 2].transpose(1, 2),
+}
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_rotated_views_are_rebuilt_by_view_ops_where_they_fill_their_base(view, cpu_kernel):
+    """q and k come back as views of the rotated projections with their own strides: by a view and a permute
+    where they fill it (backward: at most one copy), by replaying their view ops otherwise (as_strided); the
+    values and gradients are the reference's either way."""
+    x, wq, wk, positions, _ = _setup(torch.float32)
+    wk = torch.randn(H * D, C, generator=torch.Generator().manual_seed(1)).requires_grad_()  # k with q's shape
+    rope = RotaryEmbedding(RopeConfig(theta=500.0, fraction=0.5), D if view in ("transpose", "permute") else D // 2)
+    results = []
+    for fast in (True, False):
+        q, k = VIEWS[view](F.linear(x, wq)), VIEWS[view](F.linear(x, wk))
+        if fast:
+            q_out, k_out = rope(q, k, positions)
+        else:
+            q_out, k_out = _reference(rope, q, k, positions)
+        g = torch.Generator().manual_seed(2)
+        upstream = torch.randn(q_out.shape, generator=g), torch.randn(k_out.shape, generator=g)
+        results.append([q_out.detach(), k_out.detach(), *torch.autograd.grad((q_out, k_out), (x, wq, wk), upstream)])
+        if fast and view in ("transpose", "permute"):
+            assert q_out.stride() == q.stride() and _uses_fast_path(q_out)
+            assert "AsStridedBackward0" not in _nodes(q_out) | _nodes(k_out)
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

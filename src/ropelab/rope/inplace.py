@@ -87,6 +87,19 @@ def inplace_target(x: torch.Tensor) -> Optional[tuple[torch.Tensor, Optional[tup
     return base, (tuple(x.shape), tuple(x.stride()), x.storage_offset() - base.storage_offset())
 
 
+def _view_like(x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """x's view of its own base, taken of `base` instead: by a view and a permute where x is a permutation
+    of a layout that fills its base (as q and k (B, H, T, D) of a (B, T, H * D) projection are), whose
+    backward is at most one copy of the gradient; else by replaying x's view ops, which autograd records
+    as an as_strided, whose backward fills a zero base and copies the gradient into it."""
+    if x.storage_offset() == x._base.storage_offset() and x.numel() == base.numel():
+        order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))  # outermost first
+        view = base.view([x.shape[d] for d in order]).permute(sorted(range(x.dim()), key=order.__getitem__))
+        if view.stride() == x.stride():
+            return view
+    return x._view_func(base)
+
+
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
@@ -128,8 +141,8 @@ def rotate_in_place(
         if k_geom is not None and k._view_func(k_target).stride() != k.stride():
             return None
         q_out, k_out = PartialRotary.apply(q_target, k_target, rotation, q_geom, k_geom)
-        # Views of the rotated bases with q's and k's own shapes (view ops replayed: cheap backward).
-        return (q_out if q_geom is None else q._view_func(q_out), k_out if k_geom is None else k._view_func(k_out))
+        # Views of the rotated bases with q's and k's own shapes and strides
+        return q_out if q_geom is None else _view_like(q, q_out), k_out if k_geom is None else _view_like(k, k_out)
     if not force:
         return None
     rotation(q, k, inverse=False)
