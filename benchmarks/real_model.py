@@ -49,6 +49,14 @@ within minutes, so a median of the timed (alternating) runs over one profiled st
 mix two moments (it is kept in the JSON as `timed_product_floor`). The targets are checked on both
 figures. How much of the attention kernel is products: `benchmarks/attention.py --products`.
 
+Own-process floors: the same profiled steps again in each training row's memory subprocess, after its
+peak has been read, with glibc set as for the timed runs (`--malloc`): a process that holds one model
+and its optimizer, as a training run does. In this process the other library's model, AdamW state and
+freed blocks share the heap, and glibc 2.36 does not reuse a freed block for a 64-byte-aligned request
+of the same size, so a profiled step here pages in fresh heap that a training process would not
+(BENCHMARKS.md, issue #30). Both are reported (`own_process` in the JSON) and the targets are checked on
+both. They are measured one process at a time only with `--memory-jobs 1` (the default outside --quick).
+
 malloc: by default (`--malloc reuse`) glibc keeps freed buffers for reuse (`ropelab.allocator`, what
 ropelab's trainer sets on CPU runs), in this process, so for both libraries' timed runs, and in
 ropelab's memory subprocesses (HF's run with glibc's own settings, as a plain HF user's would).
@@ -137,9 +145,10 @@ def _reset_peak() -> bool:
 
 
 def measure_memory(library: str, rows: list[str], quick: bool, precision: str, hf_dir: Optional[str],
-                   hf_attn: str) -> dict:
+                   hf_attn: str, floor_reps: int = 0, reuse: bool = False) -> dict:
     """In this (fresh) process: load the model, then each row's peak RSS (over `RUNS_FOR_PEAK` runs) minus
-    the RSS after loading."""
+    the RSS after loading; then, with `floor_reps`, each training row's `floor_profiles` (glibc set to keep
+    freed buffers first if `reuse`), as `own_process`."""
     model = load_ropelab(quick) if library == "ropelab" else load_hf_saved(hf_dir, hf_attn)
     with torch.no_grad():  # weights a loader memory-maps become resident now, not inside a row
         for tensor in model.state_dict().values():
@@ -164,6 +173,16 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
         del run
         for p in model.parameters():
             p.grad = None
+    train_rows = [name for name in rows if ROWS[name].kind == "train"]
+    if floor_reps and train_rows:
+        if reuse:
+            reuse_freed_memory()  # after the peaks: HF's are measured with glibc's own settings
+        for name in train_rows:
+            floors = floor_profiles(make_run(library, model, ROWS[name], quick, precision), floor_reps)
+            figures["rows"][name]["own_process"] = {key: floors[key] for key in (
+                *FLOORS, *(f"{which}_range" for which in FLOORS), "gemm_s", "attention_s", "floor_steps")}
+            for p in model.parameters():
+                p.grad = None
     return figures
 
 
@@ -172,7 +191,8 @@ def memory_in_subprocesses(jobs: list[tuple[str, str, list[str]]], args, hf_dir:
     time: a process's peak RSS is its own, so running several at once changes only the wall time."""
     def start(library: str, precision: str, rows: list[str]) -> subprocess.Popen:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--rows", ",".join(rows),
-               "--precision", precision, "--hf-dir", hf_dir, "--hf-attn", hf_attn, "--malloc", args.malloc]
+               "--precision", precision, "--hf-dir", hf_dir, "--hf-attn", hf_attn, "--malloc", args.malloc,
+               "--reps", str(args.reps)]
         if args.quick:
             cmd.append("--quick")
         if args.threads:
@@ -302,7 +322,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     args.reuse_freed_memory = args.malloc == "reuse" and args.child in (None, "ropelab") and reuse_freed_memory()
     if args.child:
-        print(json.dumps(measure_memory(args.child, rows, args.quick, args.precision, args.hf_dir, args.hf_attn)))
+        print(json.dumps(measure_memory(args.child, rows, args.quick, args.precision, args.hf_dir, args.hf_attn,
+                                        args.reps, args.malloc == "reuse")))
         return 0
 
     started = time.perf_counter()
@@ -422,9 +443,11 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
             if name in MEMORY_TARGETS and ratios[key]["peak_memory"] is not None:
                 targets[f"{key}/peak_memory"] = target(ratios[key]["peak_memory"], MEMORY_TARGETS[name], False)
             for which in FLOORS:
-                floor = results[f"{key}/ropelab"].get(which)
-                if name in GEMM_FLOOR_TARGETS and floor is not None:
-                    targets[f"{key}/{which}"] = target(floor, GEMM_FLOOR_TARGETS[name], False)
+                ours = results[f"{key}/ropelab"]
+                for label, floor in ((which, ours.get(which)), (f"own_process_{which}",
+                                                                 ours.get("own_process", {}).get(which))):
+                    if name in GEMM_FLOOR_TARGETS and floor is not None:
+                        targets[f"{key}/{label}"] = target(floor, GEMM_FLOOR_TARGETS[name], False)
 
     print(f"median of {args.reps} alternating runs after {args.warmup} warm-up run(s); GEMM floors: median over "
           f"{args.reps} profiled steps in a row of each step's wall over its own products; peak memory: peak RSS of a "
@@ -438,13 +461,18 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         floor, products = ("-" if r.get(k) is None else f"{r[k]:.2f}x" for k in FLOORS)
         print(f"{name:<10} {precision:<5} {library:<8} {str(r['batch']) + 'x' + str(r['seq']):>7} {r['median_s']:9.3f} "
               f"{r['tokens_per_s']:9.0f} {r['added_mib']:9.0f} {r['loaded_mib']:7.0f} {gemm:>7} {attention:>7} {floor:>9} {products:>9}")
+        if "own_process" in r:
+            own = r["own_process"]
+            print(f"{'':<33}own process (profiled alone): {own['gemm_s']:7.3f} {own['attention_s']:7.3f} "
+                  f"{own['gemm_floor']:8.2f}x {own['product_floor']:8.2f}x")
     print("ropelab / HF:")
     for key, r in ratios.items():
         memory = "-" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}x"
         line = (f"  {key:<16} speed {r['speed']:.2f}x (runs {r['speed_min']:.2f}-{r['speed_max']:.2f}), "
                 f"peak memory {memory}")
         marks = [f"{what} {t['target']}: {'met' if t['met'] else 'NOT met'}"
-                 for what in ("speed", "peak_memory", *FLOORS) if (t := targets.get(f"{key}/{what}"))]
+                 for what in ("speed", "peak_memory", *FLOORS, *(f"own_process_{which}" for which in FLOORS))
+                 if (t := targets.get(f"{key}/{what}"))]
         print(line + ("   targets: " + "; ".join(marks) if marks else ""))
     for key, pair in losses.items():
         print(f"  {key} first-step loss: ropelab {pair['ropelab']:.5f}, HF {pair['hf']:.5f}")
@@ -460,7 +488,8 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after one untimed) of "
                        "each step's wall seconds over its own summed self CPU seconds of GEMM_OPS; product_floor: "
                        "over GEMM_OPS plus ATTENTION_OPS; timed_product_floor: the timed median over the median "
-                       "profiled step's GEMM_OPS plus ATTENTION_OPS",
+                       "profiled step's GEMM_OPS plus ATTENTION_OPS; own_process: the same profiled steps in the "
+                       "row's memory subprocess after its peak was read, glibc set as for the timed runs",
         "gemm_ops": list(GEMM_OPS), "attention_ops": list(ATTENTION_OPS),
         "reuse_freed_memory": args.reuse_freed_memory,
         "precisions": precisions, "not_measured": not_measured, "rows": rows,

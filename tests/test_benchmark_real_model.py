@@ -79,8 +79,8 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
 def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record):
     """Structure only: each training row of each library has its profiled GEMM time (mm at least, only
     ops of GEMM_OPS) and its fused attention kernels' time, for each of --reps profiled steps, the median
-    over those steps of each step's wall over the first and over both, and ropelab's targets; forward
-    rows have none."""
+    over those steps of each step's wall over the first and over both, the same again from a process of
+    its own, and ropelab's targets on both; forward rows have none."""
     record = quick_record
     assert {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm"} <= set(record["gemm_ops"])
     assert not set(record["gemm_ops"]) & set(record["attention_ops"])
@@ -107,12 +107,20 @@ def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_reco
                     step["profiled_s"] / (step["gemm_s"] + step["attention_s"]) for step in r["floor_steps"]), rel=1e-3)
                 assert r["timed_product_floor"] == pytest.approx(r["median_s"] / (r["gemm_s"] + r["attention_s"]),
                                                                  rel=1e-3)
+                # the same steps profiled again in the row's own memory subprocess
+                own = r["own_process"]
+                assert len(own["floor_steps"]) == record["reps"] and 0 < own["gemm_s"]
+                for floor in ("gemm_floor", "product_floor"):
+                    assert own[f"{floor}_range"][0] <= own[floor] <= own[f"{floor}_range"][1]
+                assert own["product_floor"] == pytest.approx(statistics.median(
+                    step["profiled_s"] / (step["gemm_s"] + step["attention_s"]) for step in own["floor_steps"]), rel=1e-3)
             for floor in ("gemm_floor", "product_floor"):
-                target = record["targets"].get(f"{precision}/{row}/{floor}")
-                assert (target is not None) == (row in TRAIN_ROWS)
-                if target is not None:
-                    assert target["target"] == "<= 1.1" and isinstance(target["met"], bool)
-                    assert target["value"] == record["results"][f"{precision}/{row}/ropelab"][floor]
+                for label, figures in ((floor, lambda r: r), (f"own_process_{floor}", lambda r: r["own_process"])):
+                    target = record["targets"].get(f"{precision}/{row}/{label}")
+                    assert (target is not None) == (row in TRAIN_ROWS)
+                    if target is not None:
+                        assert target["target"] == "<= 1.1" and isinstance(target["met"], bool)
+                        assert target["value"] == figures(record["results"][f"{precision}/{row}/ropelab"])[floor]
 
 
 def test_quick_run_compares_the_same_model(quick_record):

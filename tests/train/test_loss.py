@@ -324,6 +324,19 @@ def test_cross_entropy_alone_matches_autograd_for_any_upstream_gradient(z_loss, 
         torch.testing.assert_close(ours, direct, rtol=1e-5, atol=1e-6)
 
 
+def test_a_unit_upstream_gradient_hands_the_stored_gradients_on_as_they_are():
+    """loss.backward() skips the scaling pass: its gradients are exactly half those of (2 * loss).backward()."""
+    hs, W, _, _, labels = _inputs(seed=4)
+    grads = []
+    for factor in (1.0, 2.0):
+        h, w = hs.clone().requires_grad_(), W.clone().requires_grad_()
+        loss = kd_loss(h, w, labels, None, chunk_tokens=16).loss
+        (loss if factor == 1.0 else factor * loss).backward()
+        grads.append((h.grad, w.grad))
+    (h1, w1), (h2, w2) = grads
+    assert torch.equal(h2, 2 * h1) and torch.equal(w2, 2 * w1) and h1.abs().sum() > 0
+
+
 def test_a_second_backward_through_one_loss_is_refused():
     hs, W, _, _, labels = _inputs(seed=9)
     loss = kd_loss(hs.requires_grad_(), W, labels, None).loss
