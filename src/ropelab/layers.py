@@ -19,8 +19,8 @@ the fused ones: fp32 44,588 -> 33,836 -> 23,084; bf16 autocast 30,380 -> 22,700 
 autocast also keeps a bf16 copy of the normalised x per projection and of silu(g) * u, which the fused
 ones never make; tests/test_model.py counts both). Under autocast they keep their projections' bf16
 weights for backward, as autocast's own products keep theirs (per layer 7,077,888 bytes on
-SmolLM2-135M): casting them again in backward saved that, 184 MiB over 30 layers, but took 0.03 s of
-a 6-7 s training step (BENCHMARKS.md, "Real model", has the measured peaks and steps).
+SmolLM2-135M). Casting them again in backward instead kept up to 184 MiB less over 30 layers but took
+0.03 s of a 6-7 s step; the measured peak rose by 25-90 MiB (BENCHMARKS.md, "Real model").
 
 All run the plain expressions' own ops in the same order, forward and backward (autograd's chain
 rule written out, its matrix products in its operand order), so values and gradients are
