@@ -56,6 +56,9 @@ freed blocks share the heap, and glibc 2.36 does not reuse a freed block for a 6
 of the same size, so a profiled step here pages in fresh heap that a training process would not
 (BENCHMARKS.md, issue #30). Both are reported (`own_process` in the JSON) and the targets are checked on
 both. They are measured one process at a time only with `--memory-jobs 1` (the default outside --quick).
+There the profiled steps follow three steps of a fresh process (two for the peak, one untimed), here
+`--warmup` + `--reps` + 1 of each library: a fresh heap still grows under the profiler, which counts
+against the own-process figure (BENCHMARKS.md, 2026-12-04).
 
 malloc: by default (`--malloc reuse`) glibc keeps freed buffers for reuse (`ropelab.allocator`, what
 ropelab's trainer sets on CPU runs), in this process, so for both libraries' timed runs, and in
