@@ -184,8 +184,6 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
             floors = floor_profiles(make_run(library, model, ROWS[name], quick, precision), floor_reps)
             figures["rows"][name]["own_process"] = {key: floors[key] for key in (
                 *FLOORS, *(f"{which}_range" for which in FLOORS), "gemm_s", "attention_s", "floor_steps")}
-            for p in model.parameters():
-                p.grad = None
     return figures
 
 

@@ -252,8 +252,7 @@ class _SwiGLULinear(torch.autograd.Function):
         gate, up, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with torch.autocast(gate.device.type, enabled=False):
-            grad_hidden, _, _ = _linear_backward(grad, None, weight, needs[0] or needs[1],
-                                                 False, False)
+            grad_hidden, _, _ = _linear_backward(grad, None, weight, needs[0] or needs[1], False, False)
             if grad_hidden is not None:  # autocast's cast of silu(gate) * up, backward
                 grad_hidden = grad_hidden.to(torch.promote_types(gate.dtype, up.dtype))
             hidden, grad_gate, grad_up = _swiglu_backward(gate, up, grad_hidden, needs[0], needs[1],

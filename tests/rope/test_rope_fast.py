@@ -55,18 +55,20 @@ def _project(x, wq, wk, view: bool):
     return (q, k) if view else (q.contiguous(), k.contiguous())
 
 
-def _uses_fast_path(tensor: torch.Tensor) -> bool:
-    """Whether a PartialRotary node lies on tensor's autograd graph."""
+def _nodes(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes on tensor's graph."""
     seen, stack = set(), [tensor.grad_fn]
     while stack:
         node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if "PartialRotary" in type(node).__name__:
-            return True
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return False
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+def _uses_fast_path(tensor: torch.Tensor) -> bool:
+    """Whether a PartialRotary node lies on tensor's autograd graph."""
+    return any("PartialRotary" in name for name in _nodes(tensor))
 
 
 def _run(spec, layout, cache, dtype, view, fast: bool):
@@ -380,17 +382,6 @@ def test_model_compiles_without_graph_breaks():
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-6, atol=1e-6)
     for ours, theirs in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
-
-
-def _nodes(tensor: torch.Tensor) -> set[str]:
-    """The names of the autograd nodes on tensor's graph."""
-    seen, stack = set(), [tensor.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            stack.extend(next_node for next_node, _ in node.next_functions)
-    return {type(node).__name__ for node in seen}
 
 
 VIEWS = {  # (B, T, H * D) projection -> (B, H, T, D) q of the shape rope takes, as a view of it

@@ -350,7 +350,7 @@ class _ChunkedLoss(torch.autograd.Function):
         # scaled in place and handed on: autograd takes the head's gradient as the weight's .grad
         # instead of copying it, which spares a (V, C) tensor for the whole backward pass. A CPU loss's
         # usual gradient of 1 skips the pass over (V, C) (4 ms on SmolLM2); on a GPU, reading it would wait.
-        if grad_loss.device.type == "cpu" and grad_loss.numel() == 1 and grad_loss.item() == 1.0:
+        if grad_loss.device.type == "cpu" and grad_loss.item() == 1.0:
             return *grads, None, None
         return *(None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads), None, None
 
