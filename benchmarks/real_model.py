@@ -32,9 +32,11 @@ process loaded (`from_config`, same attention implementation) and loads its stat
 before any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
 `save_pretrained`); the ropelab subprocess loads its model as above.
 
-GEMM floor: after its timed runs, each training row runs per library one untimed step (after the
-other library's runs), then `--reps` steps in a row under torch.profiler (CPU), as a training loop runs
-them. In each profiled step the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm,
+GEMM floor: after its timed runs, each training row runs per library untimed steps (after the other
+library's runs) until one pages in less than 16 MiB (at most 6: `settle`), then `--reps` steps in a row
+under torch.profiler (CPU), as a training loop runs them. A fresh heap grows over a step's first few calls,
+and a step that still pages in memory spends up to 0.1 s of a 7 s SmolLM2 step on page faults that a
+running training loop no longer meets; each profiled step's paged-in MiB is in the JSON. In each profiled step the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm,
 addmm, bmm, baddbmm, addbmm, their in-place forms, _addmm_activation); linear and matmul are not
 counted: they are composites that call those, their own time the reshaping around them. Both libraries
 run PyTorch's fused CPU attention (`ATTENTION_OPS`: _scaled_dot_product_flash_attention_for_cpu and its
@@ -56,9 +58,8 @@ freed blocks share the heap, and glibc 2.36 does not reuse a freed block for a 6
 of the same size, so a profiled step here pages in fresh heap that a training process would not
 (BENCHMARKS.md, issue #30). Both are reported (`own_process` in the JSON) and the targets are checked on
 both. They are measured one process at a time only with `--memory-jobs 1` (the default outside --quick).
-There the profiled steps follow three steps of a fresh process (two for the peak, one untimed), here
-`--warmup` + `--reps` + 1 of each library: a fresh heap still grows under the profiler, which counts
-against the own-process figure (BENCHMARKS.md, 2026-12-04).
+There the profiled steps follow the peak's two steps and the same settling (HF's subprocess keeps
+glibc's own settings, which map each block over 32 MiB anew, so its steps never settle and it runs all six).
 
 malloc: by default (`--malloc reuse`) glibc keeps freed buffers for reuse (`ropelab.allocator`, what
 ropelab's trainer sets on CPU runs), in this process, so for both libraries' timed runs, and in
@@ -107,6 +108,9 @@ MEMORY_TARGETS = {"train": 0.6, "train-mlp": 0.6, "train-full": 0.6}  # ropelab 
 # attention kernels counted as matrix products too (product_floor)
 GEMM_FLOOR_TARGETS = {"train": 1.10, "train-mlp": 1.10, "train-full": 1.10}
 FLOORS = ("gemm_floor", "product_floor")
+# the profiled steps wait for a step that pages in less than this (`settle`), at most MAX_SETTLING_STEPS
+STEADY_PAGED_IN_MIB = 16
+MAX_SETTLING_STEPS = 6
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_", "aten::addbmm",
             "aten::addbmm_", "aten::_addmm_activation")
 # PyTorch's fused CPU attention: its work is the QK^T and PV products, with the softmax inside the same loop
@@ -183,7 +187,8 @@ def measure_memory(library: str, rows: list[str], quick: bool, precision: str, h
         for name in train_rows:
             floors = floor_profiles(make_run(library, model, ROWS[name], quick, precision), floor_reps)
             figures["rows"][name]["own_process"] = {key: floors[key] for key in (
-                *FLOORS, *(f"{which}_range" for which in FLOORS), "gemm_s", "attention_s", "floor_steps")}
+                *FLOORS, *(f"{which}_range" for which in FLOORS), "gemm_s", "attention_s", "settling_paged_in_mib",
+                "floor_steps")}
     return figures
 
 
@@ -258,19 +263,42 @@ def gemm_profile(run: Callable) -> dict:
             "gemm_ops": gemm, "attention_ops": attention}
 
 
+def paged_in_mib() -> float:
+    """MiB this process has paged in so far (minor page faults: fresh memory touched for the first time)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * resource.getpagesize() / 2**20
+
+
+def settle(run: Callable) -> list[float]:
+    """Untimed calls of `run` until one pages in less than STEADY_PAGED_IN_MIB, at most MAX_SETTLING_STEPS:
+    the MiB each call paged in. A fresh heap grows over a training step's first few calls (glibc finds no
+    freed block for some 64-byte-aligned requests until neighbours have merged), and a call that pages in
+    hundreds of MiB spends tens of ms on page faults that a running training loop no longer meets."""
+    paged = []
+    while len(paged) < MAX_SETTLING_STEPS:
+        before = paged_in_mib()
+        run()
+        paged.append(round(paged_in_mib() - before, 1))
+        if paged[-1] < STEADY_PAGED_IN_MIB:
+            break
+    return paged
+
+
 def floor_profiles(run: Callable, reps: int) -> dict:
-    """One untimed call of `run`, then `reps` under `gemm_profile`: the profile of the median step (by
+    """`settle`, then `reps` calls of `run` under `gemm_profile`: the profile of the median step (by
     product_floor), the median and range of each floor over the steps, and every step's figures."""
-    run()
-    steps = [gemm_profile(run) for _ in range(reps)]
+    settling = settle(run)
+    steps = []
+    for _ in range(reps):
+        before = paged_in_mib()
+        steps.append({**gemm_profile(run), "paged_in_mib": round(paged_in_mib() - before, 1)})
     middle = sorted(steps, key=lambda step: step["product_floor"] or 0.0)[(reps - 1) // 2]
     floors = {}
     for which in FLOORS:
         values = [step[which] for step in steps if step[which] is not None]
         floors[which] = round(statistics.median(values), 4) if values else None
         floors[f"{which}_range"] = [min(values), max(values)] if values else None
-    return {**middle, **floors, "floor_steps": [{key: step[key] for key in ("profiled_s", "gemm_s", "attention_s")}
-                                                for step in steps]}
+    return {**middle, **floors, "settling_paged_in_mib": settling, "floor_steps": [
+        {key: step[key] for key in ("profiled_s", "gemm_s", "attention_s", "paged_in_mib")} for step in steps]}
 
 
 def progress(message: str) -> None:
@@ -486,7 +514,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after "
                          "loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
-        "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after one untimed) of "
+        "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after settle's untimed ones) of "
                        "each step's wall seconds over its own summed self CPU seconds of GEMM_OPS; product_floor: "
                        "over GEMM_OPS plus ATTENTION_OPS; timed_product_floor: the timed median over the median "
                        "profiled step's GEMM_OPS plus ATTENTION_OPS; own_process: the same profiled steps in the "

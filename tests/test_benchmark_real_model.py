@@ -76,11 +76,12 @@ def test_quick_run_measures_every_row_for_both_libraries(quick_record):
     assert record["all_targets_met"] == all(t["met"] for t in record["targets"].values())
 
 
-def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record):
+def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_record, real_model_benchmark):
     """Structure only: each training row of each library has its profiled GEMM time (mm at least, only
     ops of GEMM_OPS) and its fused attention kernels' time, for each of --reps profiled steps, the median
-    over those steps of each step's wall over the first and over both, the same again from a process of
-    its own, and ropelab's targets on both; forward rows have none."""
+    over those steps of each step's wall over the first and over both (after untimed steps until one
+    pages in little memory), the same again from a process of its own, and ropelab's targets on both;
+    forward rows have none."""
     record = quick_record
     assert {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm"} <= set(record["gemm_ops"])
     assert not set(record["gemm_ops"]) & set(record["attention_ops"])
@@ -105,11 +106,19 @@ def test_quick_run_measures_each_training_step_against_its_gemm_floor(quick_reco
                                                          abs=1e-5)
                 assert r["product_floor"] == pytest.approx(statistics.median(
                     step["profiled_s"] / (step["gemm_s"] + step["attention_s"]) for step in r["floor_steps"]), rel=1e-3)
+                # untimed steps until one paged in less than the threshold (or the most allowed), then the profiled
+                settling = r["settling_paged_in_mib"]
+                assert 1 <= len(settling) <= real_model_benchmark.MAX_SETTLING_STEPS
+                assert all(mib >= real_model_benchmark.STEADY_PAGED_IN_MIB for mib in settling[:-1])
+                assert len(settling) == real_model_benchmark.MAX_SETTLING_STEPS or (
+                    settling[-1] < real_model_benchmark.STEADY_PAGED_IN_MIB)
+                assert all(step["paged_in_mib"] >= 0 for step in r["floor_steps"])
                 assert r["timed_product_floor"] == pytest.approx(r["median_s"] / (r["gemm_s"] + r["attention_s"]),
                                                                  rel=1e-3)
                 # the same steps profiled again in the row's own memory subprocess
                 own = r["own_process"]
                 assert len(own["floor_steps"]) == record["reps"] and 0 < own["gemm_s"]
+                assert 1 <= len(own["settling_paged_in_mib"]) <= real_model_benchmark.MAX_SETTLING_STEPS
                 for floor in ("gemm_floor", "product_floor"):
                     assert own[f"{floor}_range"][0] <= own[floor] <= own[f"{floor}_range"][1]
                 assert own["product_floor"] == pytest.approx(statistics.median(
