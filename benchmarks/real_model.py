@@ -240,15 +240,25 @@ def time_row(runs: dict[str, Callable], reps: int, warmup: int) -> tuple[dict[st
     return times, first
 
 
-def gemm_profile(run: Callable) -> dict:
-    """One call of `run` under torch.profiler: its wall seconds, the self seconds and calls of each op of
-    GEMM_OPS and ATTENTION_OPS that it ran, the sum of each group, and the wall over those sums."""
+def paged_in_mib() -> float:
+    """MiB this process has paged in so far (minor page faults: fresh memory touched for the first time)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * resource.getpagesize() / 2**20
+
+
+def profiled(run: Callable):
+    """One call of `run` under torch.profiler (CPU) -> (its wall seconds, the MiB it paged in, the profile)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
+        paged, t0 = paged_in_mib(), time.perf_counter()
         run()
-        wall = time.perf_counter() - t0
+        wall, paged = time.perf_counter() - t0, paged_in_mib() - paged
+    return wall, round(paged, 1), prof
+
+
+def gemm_profile(wall: float, prof) -> dict:
+    """A profiled call's wall seconds, the self seconds and calls of each op of GEMM_OPS and ATTENTION_OPS
+    that it ran, the sum of each group, and the wall over those sums."""
     ops = {e.key: {"calls": e.count, "self_s": e.self_cpu_time_total / 1e6}
            for e in prof.key_averages() if e.key in GEMM_OPS + ATTENTION_OPS}
 
@@ -263,34 +273,28 @@ def gemm_profile(run: Callable) -> dict:
             "gemm_ops": gemm, "attention_ops": attention}
 
 
-def paged_in_mib() -> float:
-    """MiB this process has paged in so far (minor page faults: fresh memory touched for the first time)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * resource.getpagesize() / 2**20
-
-
 def settle(run: Callable) -> list[float]:
-    """Untimed calls of `run` until one pages in less than STEADY_PAGED_IN_MIB, at most MAX_SETTLING_STEPS:
-    the MiB each call paged in. A fresh heap grows over a training step's first few calls (glibc finds no
-    freed block for some 64-byte-aligned requests until neighbours have merged), and a call that pages in
-    hundreds of MiB spends tens of ms on page faults that a running training loop no longer meets."""
+    """Profiled calls of `run` (their figures dropped) until one pages in less than STEADY_PAGED_IN_MIB, at
+    most MAX_SETTLING_STEPS: the MiB each call paged in. A fresh heap grows over a training step's first few
+    calls (glibc finds no freed block for some 64-byte-aligned requests until neighbours have merged), and so
+    do the profiler's own buffers: a call that pages in hundreds of MiB spends tens of ms on page faults
+    that a running training loop no longer meets."""
     paged = []
     while len(paged) < MAX_SETTLING_STEPS:
-        before = paged_in_mib()
-        run()
-        paged.append(round(paged_in_mib() - before, 1))
+        paged.append(profiled(run)[1])
         if paged[-1] < STEADY_PAGED_IN_MIB:
             break
     return paged
 
 
 def floor_profiles(run: Callable, reps: int) -> dict:
-    """`settle`, then `reps` calls of `run` under `gemm_profile`: the profile of the median step (by
-    product_floor), the median and range of each floor over the steps, and every step's figures."""
+    """`settle`, then `reps` profiled calls of `run` in a row (each profile read after the last call, so that
+    reading one does not reshape the heap under the next): the figures of the median step (by product_floor),
+    the median and range of each floor over the steps, and every step's figures."""
     settling = settle(run)
-    steps = []
-    for _ in range(reps):
-        before = paged_in_mib()
-        steps.append({**gemm_profile(run), "paged_in_mib": round(paged_in_mib() - before, 1)})
+    calls = [profiled(run) for _ in range(reps)]
+    steps = [{**gemm_profile(wall, prof), "paged_in_mib": paged} for wall, paged, prof in calls]
+    del calls
     middle = sorted(steps, key=lambda step: step["product_floor"] or 0.0)[(reps - 1) // 2]
     floors = {}
     for which in FLOORS:
