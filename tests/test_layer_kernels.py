@@ -1,6 +1,6 @@
 """ropelab.layer_kernels: the C loops for SwiGLU and RMSNorm give torch's values to one rounding (bit for
-bit wherever torch's exp and sums are not involved), keep torch's special values, give the same bits
-run to run, and decline what they cannot run."""
+bit wherever torch's exp and sums are not involved), the residual add gives them bit for bit, all keep
+torch's special values, give the same bits run to run, and decline what they cannot run."""
 
 from __future__ import annotations
 
@@ -164,6 +164,27 @@ def test_rms_norm_backward_at_one_thread_or_two():
     torch.testing.assert_close(one[1], two[1], rtol=1e-5, atol=1e-5 * one[1].abs().max().item())
 
 
+def test_add_widened_is_torchs_mixed_add_on_every_bf16_branch_value():
+    branch = every_bf16()
+    x = torch.randn(branch.shape, generator=torch.Generator().manual_seed(5)) * 4
+    x[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 3.4e38])
+    x[-3:] = torch.tensor([1e-40, -1e-45, 0.0])  # float32 subnormals beside bf16 ones
+    ours, theirs = layer_kernels.add_widened_loop(x, branch), x + branch
+    assert ours.dtype == torch.float32
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.equal(ours[~theirs.isnan()], theirs[~theirs.isnan()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_widened_in_place_gives_torchs_sums_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(5)
+    total, part = torch.randn(300, 70, generator=gen), torch.randn(300, 70, generator=gen).to(dtype)
+    expected = total.clone().add_(part)
+    assert layer_kernels.add_widened_loop(total, part, out=total) is total and torch.equal(total, expected)
+    assert layer_kernels.add_widened_loop(total, part, out=part.bfloat16()) is None  # only into float32
+    assert layer_kernels.add_widened_loop(total.bfloat16(), part) is None
+
+
 def test_empty_inputs():
     x, weight = torch.empty(0, 8), torch.ones(8)
     out, rstd = layer_kernels.rms_norm_loop(x, weight, 1e-5, torch.float32)
@@ -186,3 +207,6 @@ def test_what_the_loops_decline():
     assert layer_kernels.swiglu_loop(gate, gate.bfloat16()) is None
     assert layer_kernels.swiglu_loop(gate, gate[:, :3]) is None
     assert layer_kernels.swiglu_backward_loop(gate, gate, gate.t().contiguous().t(), True) is None
+    assert layer_kernels.add_widened_loop(gate.bfloat16(), gate.bfloat16()) is None
+    assert layer_kernels.add_widened_loop(gate, gate[:, :3].bfloat16()) is None
+    assert layer_kernels.add_widened_loop(gate.t(), gate.t().bfloat16()) is None  # not contiguous

@@ -1,5 +1,5 @@
-"""ropelab.layers: rms_norm, swiglu and the fused rms_norm_linear and swiglu_linear give the plain
-expressions' values and gradients bit for bit, in fp32, bf16 and mixed (bf16 activations, fp32 weight),
+"""ropelab.layers: rms_norm, swiglu, residual_add and the fused rms_norm_linear and swiglu_linear give the
+plain expressions' values and gradients bit for bit, in fp32, bf16 and mixed (bf16 activations, fp32 weight),
 the fused ones under CPU bf16 autocast too (and on a GPU under CUDA autocast, to one rounding), and
 keep fewer tensors for backward.
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ropelab import layer_kernels
-from ropelab.layers import rms_norm, rms_norm_linear, swiglu, swiglu_, swiglu_linear
+from ropelab.layers import residual_add, rms_norm, rms_norm_linear, swiglu, swiglu_, swiglu_linear
 from ropelab.precision import Bf16GemmInFp32
 
 DTYPES = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
@@ -134,6 +134,31 @@ def test_in_place_swiglu_writes_swiglus_values_over_gate(dtype, cpu_kernel):
     expected = swiglu(gate, up)
     out = swiglu_(gate, up)
     assert out.data_ptr() == gate.data_ptr() and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.bfloat16)], ids=["fp32+bf16", "fp32", "bf16"])
+def test_residual_add_is_x_plus_branch_bit_for_bit(dtypes, cpu_kernel):
+    """Exact on either path: widening bf16 to float32 is exact, and the one add rounds as torch's does."""
+    gen = torch.Generator().manual_seed(3)
+    x, branch = (torch.randn(2, 7, 48, generator=gen).mul(100).to(dtype).requires_grad_() for dtype in dtypes)
+    ours, ours_grads = values_and_grads(residual_add, (x, branch))
+    plain, plain_grads = values_and_grads(torch.add, (x, branch))
+    for a, b in zip([ours, *ours_grads], [plain, *plain_grads], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert saved_bytes(residual_add, (x, branch)) == saved_bytes(torch.add, (x, branch)) == 0
+
+
+def test_residual_add_under_autocast_is_autocasts_own_sum():
+    """A block's residual add under CPU bf16 autocast: the bf16 product added to the float32 stream."""
+    gen = torch.Generator().manual_seed(4)
+    x, h, weight = torch.randn(3, 5, 32, generator=gen), torch.randn(3, 5, 32, generator=gen), torch.randn(32, 32)
+    inputs = (x.requires_grad_(), h.requires_grad_(), weight.requires_grad_())
+    ours, ours_grads = values_and_grads(lambda a, b, w: residual_add(a, F.linear(b, w)), inputs, context=cpu_autocast)
+    plain, plain_grads = values_and_grads(lambda a, b, w: a + F.linear(b, w), inputs, context=cpu_autocast)
+    assert ours.dtype == torch.float32
+    for a, b in zip([ours, *ours_grads], [plain, *plain_grads], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_they_keep_fewer_tensors_for_backward():

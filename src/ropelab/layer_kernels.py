@@ -1,4 +1,6 @@
-"""One-pass C loops for `ropelab.layers` on CPU: RMSNorm forward and backward, SwiGLU forward and backward.
+"""One-pass C loops for `ropelab.layers` on CPU: RMSNorm forward and backward, SwiGLU forward and backward,
+and the sum of a float32 tensor and a bf16 one (the residual add of a bf16 branch; `ropelab.train.loss`
+sums its bf16 head gradients with it too).
 
 Why: written in eager PyTorch, RMSNorm's backward is nine elementwise passes over (tokens, C) and
 SwiGLU's five over (tokens, F), each reading and writing whole tensors, and under bf16 autocast
@@ -77,6 +79,25 @@ void ropelab_swiglu_backward(int64_t n, const void *gate, const void *up, const 
     else if (bf16) swiglu_backward_span(gate, up, grad, hidden, grad_gate, grad_up, lo, hi, 1, 0);
     else if (hidden) swiglu_backward_span(gate, up, grad, hidden, grad_gate, grad_up, lo, hi, 0, 1);
     else swiglu_backward_span(gate, up, grad, hidden, grad_gate, grad_up, lo, hi, 0, 0);
+  }
+}
+
+/* ---- out = x + part, x and out float32 (out may be x: in place), part of dtype P widened exactly. torch's
+   x + part (or x.add_(part)) of a bf16 part first copies it to a new float32 tensor, then adds: two
+   passes, one rounding, as here. The residual add of a bf16 branch, and the loss's sum of bf16 head
+   gradients into a float32 one. */
+
+void ropelab_add_widened(int64_t n, const float *x, const void *part, float *out, int64_t P, int64_t threads) {
+#pragma omp parallel num_threads(team(threads, n))
+  {
+    SPAN(n, lo, hi);
+    if (P) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++) out[i] = x[i] + load(part, i, 1);
+    } else {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++) out[i] = x[i] + load(part, i, 0);
+    }
   }
 }
 
@@ -192,6 +213,7 @@ def library() -> Optional[ctypes.CDLL]:
     return load(SOURCE, "layers_cpu", "CPU layer kernels", {
         "ropelab_swiglu": [I, P, P, P, I, I],
         "ropelab_swiglu_backward": [I, P, P, P, P, P, P, I, I],
+        "ropelab_add_widened": [I, P, P, P, I, I],
         "ropelab_rms_norm": [I, I, P, P, P, P, I, F, I, I, I, I, I],
         "ropelab_rms_norm_backward": [I, I, I, P, P, P, P, P, P, P, I, I, I, I, I],
     })
@@ -206,15 +228,25 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def _elementwise(x: torch.Tensor, other: torch.Tensor, out: Optional[torch.Tensor], other_dtypes
+                 ) -> Optional[tuple[ctypes.CDLL, torch.Tensor]]:
+    """The library and the output (`out`, else a new tensor like x) of a loop over x and `other` of x's
+    shape, `other` in one of `other_dtypes` and the output in x's dtype; None where the loop does not apply."""
+    lib = _runs(x, other) if out is None else _runs(x, other, out)
+    if lib is None or other.dtype not in other_dtypes or other.shape != x.shape:
+        return None
+    if out is not None and (out.dtype != x.dtype or out.shape != x.shape):
+        return None
+    return lib, torch.empty_like(x) if out is None else out
+
+
 def swiglu_loop(gate: torch.Tensor, up: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """silu(gate) * up in their dtype, into `out` if given (which may be gate itself: each element is read
     before it is written), or None where the loop does not apply (then run torch)."""
-    lib = _runs(gate, up) if out is None else _runs(gate, up, out)
-    if lib is None or gate.dtype != up.dtype or gate.shape != up.shape:
+    ready = _elementwise(gate, up, out, (gate.dtype,))
+    if ready is None:
         return None
-    if out is not None and (out.dtype != gate.dtype or out.shape != gate.shape):
-        return None
-    hidden = torch.empty_like(gate) if out is None else out
+    lib, hidden = ready
     lib.ropelab_swiglu(gate.numel(), gate.data_ptr(), up.data_ptr(), hidden.data_ptr(), DTYPES[gate.dtype],
                        torch.get_num_threads())
     return hidden
@@ -232,6 +264,20 @@ def swiglu_backward_loop(gate: torch.Tensor, up: torch.Tensor, grad: torch.Tenso
     lib.ropelab_swiglu_backward(gate.numel(), gate.data_ptr(), up.data_ptr(), grad.data_ptr(), _ptr(hidden),
                                 grad_gate.data_ptr(), grad_up.data_ptr(), DTYPES[gate.dtype], torch.get_num_threads())
     return hidden, grad_gate, grad_up
+
+
+def add_widened_loop(x: torch.Tensor, part: torch.Tensor, out: Optional[torch.Tensor] = None
+                     ) -> Optional[torch.Tensor]:
+    """x + part in one pass for a float32 x and a part of its shape in float32 or bfloat16, into `out` (a new
+    tensor, or x itself: x += part); torch would copy a bf16 part to float32 first. The same bits. None,
+    having done nothing, where the loop does not apply."""
+    ready = _elementwise(x, part, out, tuple(DTYPES)) if x.dtype == torch.float32 else None
+    if ready is None:
+        return None
+    lib, out = ready
+    lib.ropelab_add_widened(x.numel(), x.data_ptr(), part.data_ptr(), out.data_ptr(), DTYPES[part.dtype],
+                            torch.get_num_threads())
+    return out
 
 
 def _norm_args(x: torch.Tensor, weight: torch.Tensor) -> Optional[ctypes.CDLL]:

@@ -12,6 +12,8 @@ PyTorch expressions, with fewer tensors kept for backward.
                             keeps x and rstd only and normalises again in backward.
   swiglu_linear(g, u, ...)  a linear layer over swiglu(g, u) (the MLP's down projection), which would
                             keep silu(g) * u; this keeps g and u only (backward needs silu(g) anyway).
+  residual_add(x, branch)   x + branch; a bf16 branch (autocast) is added to the fp32 stream in one
+                            pass on CPU, without torch's float32 copy of it first (keeps nothing).
 
 Per token and layer of a Llama block (C d_model, F d_ff): the first two save 2C + F floats, the
 last two another 2C + F. SmolLM2-135M, bytes per token and layer, plain -> rms_norm and swiglu ->
@@ -47,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function
 
-from ropelab.layer_kernels import rms_norm_backward_loop, rms_norm_loop, swiglu_backward_loop, swiglu_loop
+from ropelab.layer_kernels import (add_widened_loop, rms_norm_backward_loop, rms_norm_loop, swiglu_backward_loop,
+                                   swiglu_loop)
 from ropelab.precision import autocast_dtype
 
 
@@ -154,6 +157,27 @@ def _swiglu_backward(gate, up, grad, need_gate: bool, need_up: bool, with_hidden
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up (the SwiGLU MLP's hidden activation); saves gate and up for backward."""
     return _SwiGLU.apply(gate, up)
+
+
+class _ResidualAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        ctx.branch_dtype = branch.dtype
+        out = add_widened_loop(x, branch)
+        return x + branch if out is None else out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.to(ctx.branch_dtype)  # add's backward, and the cast autograd gives a bf16 input
+
+
+def residual_add(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """x + branch: a block's branch added to the residual stream. Under bf16 autocast on CPU the branch is
+    bf16 and the stream float32, and torch copies the branch to float32 before it adds; here one C loop
+    (`layer_kernels.add_widened_loop`) does both, with the same values and gradients."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and branch.dtype == torch.bfloat16:
+        return _ResidualAdd.apply(x, branch)
+    return x + branch
 
 
 def fusable(x: torch.Tensor) -> bool:

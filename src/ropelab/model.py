@@ -21,7 +21,7 @@ from ropelab.attention import Documents, attend
 from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
-from ropelab.layers import fusable, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
+from ropelab.layers import fusable, residual_add, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
 from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -174,9 +174,9 @@ class Block(nn.Module):
     def _forward(self, x, position_ids, doc_ids, kv_cache, recompute: str) -> torch.Tensor:
         mlp = functools.partial(checkpoint, self._mlp, use_reentrant=False) if recompute == "mlp" else self._mlp
         if self.parallel:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-            return x + self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm) + mlp(x)
-        x = x + self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm)
-        return x + mlp(x)
+            return residual_add(residual_add(x, self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm)), mlp(x))
+        x = residual_add(x, self.attn(x, position_ids, doc_ids, kv_cache, self.attn_norm))
+        return residual_add(x, mlp(x))
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(x, self.mlp_norm)

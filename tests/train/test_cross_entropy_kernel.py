@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ropelab.train import cross_entropy_kernel, loss
-from ropelab.train.cross_entropy_kernel import add_into, ce_chunk
+from ropelab.train.cross_entropy_kernel import ce_chunk
 from ropelab.train.loss import kd_loss
 
 pytestmark = pytest.mark.skipif(cross_entropy_kernel.library() is None,
@@ -81,14 +81,3 @@ def test_what_the_loop_declines():
     assert ce_chunk(logits, bad, 1.0, 0.0, 1.0) is None  # torch's indexing then raises its own error
     with pytest.raises((IndexError, RuntimeError)):
         kd_loss(logits[None, :, :], torch.eye(10), bad[None], None)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_add_into_gives_torchs_sums_bit_for_bit(dtype):
-    gen = torch.Generator().manual_seed(5)
-    total, part = torch.randn(300, 70, generator=gen), torch.randn(300, 70, generator=gen).to(dtype)
-    expected = total.clone().add_(part)
-    assert add_into(total, part) and torch.equal(total, expected)
-    assert not add_into(total.bfloat16(), part)  # only into float32
-    assert not add_into(total, part[:10])
-    assert not add_into(total.t(), part.t())  # not contiguous

@@ -63,21 +63,6 @@ static inline __attribute__((always_inline)) void rows_ce(
   }
 }
 
-/* total (n floats) += part (n values of dtype P), as torch's fp32 add_ of a bf16 tensor */
-void ropelab_add_into(int64_t n, float *total, const void *part, int64_t P, int64_t threads) {
-#pragma omp parallel num_threads(team(threads, n))
-  {
-    SPAN(n, lo, hi);
-    if (P) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; i++) total[i] = total[i] + load(part, i, 1);
-    } else {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; i++) total[i] = total[i] + load(part, i, 0);
-    }
-  }
-}
-
 /* Per row of logits (n, V) of dtype Z (1: bf16): lse and the label's logit, and (with_grad) the
    gradient written over the row, in Z; every label in [0, V) (the caller checks); scratch: V floats
    per thread */
@@ -100,19 +85,7 @@ def library() -> Optional[ctypes.CDLL]:
     I, F, P = I64, F32, ADDRESS
     return load(SOURCE, "cross_entropy_cpu", "CPU cross-entropy kernel", {
         "ropelab_cross_entropy": [I, I, P, P, P, P, I, F, F, F, F, P, I, I],
-        "ropelab_add_into": [I, P, P, I, I],
     })
-
-
-def add_into(total: torch.Tensor, part: torch.Tensor) -> bool:
-    """total += part in one pass, for a contiguous float32 CPU `total` and a `part` of its shape in
-    float32 or bfloat16 (torch's add_ would convert the part to a new float32 tensor first); the same
-    sums. False, having done nothing, where the loop does not apply."""
-    lib = library()
-    if lib is None or not runs_on(total, part) or total.dtype != torch.float32 or total.shape != part.shape:
-        return False
-    lib.ropelab_add_into(total.numel(), total.data_ptr(), part.data_ptr(), DTYPES[part.dtype], torch.get_num_threads())
-    return True
 
 
 def ce_chunk(logits: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, grad_scale: Optional[float]

@@ -52,8 +52,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import has_torch_function
 
+from ropelab.layer_kernels import add_widened_loop
 from ropelab.precision import autocast_dtype
-from ropelab.train.cross_entropy_kernel import add_into, ce_chunk
+from ropelab.train.cross_entropy_kernel import ce_chunk
 
 
 class KDLoss(NamedTuple):
@@ -218,10 +219,10 @@ def _ce_chunk(zs: torch.Tensor, labels: torch.Tensor, w_ce: float, w_z: float, g
 
 def _add_in_blocks(total: torch.Tensor, part: torch.Tensor, rows: int = 4096) -> None:
     """total += part for a part of another dtype (a bf16 product into an fp32 gradient): in one pass on CPU
-    (`cross_entropy_kernel.add_into`), else a block of rows at a time: add_ converts its whole operand to
+    (`layer_kernels.add_widened_loop`), else a block of rows at a time: add_ converts its whole operand to
     total's dtype first, and a (V, C) conversion is over glibc's mmap threshold, so it would be mapped and
     paged in anew on every call. The same sums either way."""
-    if add_into(total, part):
+    if add_widened_loop(total, part, out=total) is not None:
         return
     for start in range(0, total.shape[0], rows):
         total[start:start + rows].add_(part[start:start + rows])
