@@ -32,11 +32,12 @@ process loaded (`from_config`, same attention implementation) and loads its stat
 before any training step (transformers' GGUF import takes ~45 s, and a GGUF-loaded model refuses
 `save_pretrained`); the ropelab subprocess loads its model as above.
 
-GEMM floor: after its timed runs, each training row runs per library untimed steps (after the other
-library's runs) until one pages in less than 16 MiB (at most 6: `settle`), then `--reps` steps in a row
-under torch.profiler (CPU), as a training loop runs them. A fresh heap grows over a step's first few calls,
-and a step that still pages in memory spends up to 0.1 s of a 7 s SmolLM2 step on page faults that a
-running training loop no longer meets; each profiled step's paged-in MiB is in the JSON. In each profiled step the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm,
+GEMM floor: after its timed runs, each training row runs per library profiled steps whose figures are
+dropped (after the other library's runs) until one pages in less than 16 MiB (at most 6: `settle`), then
+`--reps` steps in a row under torch.profiler (CPU), as a training loop runs them. A fresh heap grows over
+a step's first few calls, and a step that still pages in memory spends up to 0.1 s of a 7 s SmolLM2 step
+on page faults that a running training loop no longer meets; each profiled step's paged-in MiB is in the
+JSON. In each profiled step the self time of its matrix-product kernels is summed (`GEMM_OPS`: mm,
 addmm, bmm, baddbmm, addbmm, their in-place forms, _addmm_activation); linear and matmul are not
 counted: they are composites that call those, their own time the reshaping around them. Both libraries
 run PyTorch's fused CPU attention (`ATTENTION_OPS`: _scaled_dot_product_flash_attention_for_cpu and its
@@ -518,7 +519,7 @@ def run_all(args, rows, precisions, not_measured, isolate, cpu, load_start, star
         "memory_method": "peak RSS (VmHWM after clear_refs) over 1 forward / 2 training steps minus RSS after "
                          "loading, fresh process per "
                          + ("(library, row)" if isolate == "row" else "library"),
-        "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after settle's untimed ones) of "
+        "gemm_method": "gemm_floor: median over --reps consecutive torch.profiler-ed steps (after settle's) of "
                        "each step's wall seconds over its own summed self CPU seconds of GEMM_OPS; product_floor: "
                        "over GEMM_OPS plus ATTENTION_OPS; timed_product_floor: the timed median over the median "
                        "profiled step's GEMM_OPS plus ATTENTION_OPS; own_process: the same profiled steps in the "
