@@ -295,7 +295,6 @@ def floor_profiles(run: Callable, reps: int) -> dict:
     settling = settle(run)
     calls = [profiled(run) for _ in range(reps)]
     steps = [{**gemm_profile(wall, prof), "paged_in_mib": paged} for wall, paged, prof in calls]
-    del calls
     middle = sorted(steps, key=lambda step: step["product_floor"] or 0.0)[(reps - 1) // 2]
     floors = {}
     for which in FLOORS:
