@@ -83,16 +83,20 @@ def test_train_refuses_an_existing_run_without_resume(finished, tmp_path, tiny_o
     assert listing(run_dir) == before
 
 
-def test_resume_takes_only_the_runs_own_checkpoints(finished, tmp_path, capsys):
+@pytest.mark.parametrize("finished_before", [True, False], ids=["finished", "unfinished"])
+def test_resume_takes_only_the_runs_own_checkpoints(finished, tmp_path, capsys, finished_before):
+    """A foreign checkpoint is refused before anything else, even on a run that has nothing left to do."""
     mine = shutil.copytree(finished, tmp_path / "mine")
     other = shutil.copytree(finished, tmp_path / "other")
-    (mine / "result.json").unlink()
+    if not finished_before:
+        (mine / "result.json").unlink()
     foreign = ckpt.step_dir(other, 2)
     before = listing(mine)
     err = refused(["train", "--out", str(mine), "--resume", "--from-checkpoint", str(foreign)], capsys)
     assert f"not a checkpoint of {mine}" in err and f"train.init_from={foreign}" in err
-    after = listing(mine)
-    assert after.pop(".lock")[0] == 0 and after == {k: v for k, v in before.items() if k != ".lock"}  # nothing pruned
+    assert listing(mine) == before  # nothing pruned, nothing written
+    if finished_before:
+        return
     for own in (str(ckpt.step_dir(mine, 2)), "2"):  # a folder of its own, or a step number
         result = train(out_dir=mine, resume=True, from_checkpoint=own)
         assert result.steps == 4

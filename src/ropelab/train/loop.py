@@ -45,7 +45,7 @@ from ropelab.train.objectives import Objective, build_objective
 from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
 from ropelab.train.phases import Phase, base_warnings, phase_at, resolve_phases, tokens_seen
 from ropelab.train.progress import model_status, progress_bar, step_status
-from ropelab.train.resume import check_resume_world, resume_checkpoint
+from ropelab.train.resume import check_resume_world, own_checkpoint, resume_checkpoint
 from ropelab.train.run_folder import check_new_run_folder
 from ropelab.train.skip_guard import SkipGuard
 from ropelab.train.stop import StopSignals
@@ -88,6 +88,8 @@ def train(
     `from_checkpoint` (a checkpoint folder, or a step number) when given. `objective` replaces
     the loss (default: cross-entropy, or distillation when the config has a `distill` section)."""
     run_dir = Path(out_dir)
+    if from_checkpoint is not None:  # first: a foreign checkpoint is refused even on a run with nothing left to do
+        from_checkpoint = own_checkpoint(run_dir, from_checkpoint)
     if resume:
         config = read_run_config(run_dir)
     else:

@@ -14,23 +14,29 @@ from ropelab.train.distributed import DistEnv
 from ropelab.train.phases import Phase, phase_at
 
 
-def resume_checkpoint(run_dir: Path, requested, verify: str, env: DistEnv) -> Optional[Path]:
-    """The checkpoint a resume starts from, verified: `requested` (a step, or a folder of the run's own
-    checkpoints: another run's weights start a new run, `train.init_from`), refused when damaged; else
-    the newest intact one, saying in one line per damaged newer checkpoint that it was passed over;
-    None for a run killed before its first checkpoint (it starts again from step 0 with its config.yaml)."""
+def own_checkpoint(run_dir: Path, requested) -> Path:
+    """The checkpoint folder `--from-checkpoint` names (a step number, or a folder), refused unless it is
+    one of the run's own: another run's weights start a new run (`train.init_from`)."""
+    path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
+    if path.resolve().parent != ckpt.checkpoint_dir(run_dir).resolve():
+        raise ConfigError(f"--from-checkpoint {requested}: not a checkpoint of {run_dir} (a step number or a "
+                          f"folder in {ckpt.checkpoint_dir(run_dir)}); to start a new run from another run's "
+                          f"weights, train into a new --out with train.init_from={requested} (or "
+                          f"train.branch_from={requested} to continue its whole training state)")
+    return path
+
+
+def resume_checkpoint(run_dir: Path, requested: Optional[Path], verify: str, env: DistEnv) -> Optional[Path]:
+    """The checkpoint a resume starts from, verified: `requested` (one of the run's own, `own_checkpoint`),
+    refused when damaged; else the newest intact one, saying in one line per damaged newer checkpoint that
+    it was passed over; None for a run killed before its first checkpoint (it starts again from step 0
+    with its config.yaml)."""
     if requested is not None:
-        path = ckpt.step_dir(run_dir, int(requested)) if str(requested).isdigit() else Path(requested)
-        if path.resolve().parent != ckpt.checkpoint_dir(run_dir).resolve():
-            raise ConfigError(f"--from-checkpoint {requested}: not a checkpoint of {run_dir} (a step number or a "
-                              f"folder in {ckpt.checkpoint_dir(run_dir)}); to start a new run from another run's "
-                              f"weights, train into a new --out with train.init_from={requested} (or "
-                              f"train.branch_from={requested} to continue its whole training state)")
-        if not path.is_dir():
-            raise ConfigError(f"{path}: requested checkpoint does not exist")
-        ckpt.verify_checkpoint(path, verify, env=env)  # DamagedCheckpoint: one line naming the file
-        ckpt.read_state(path, verify="never")  # refuses an incomplete one
-        return path
+        if not requested.is_dir():
+            raise ConfigError(f"{requested}: requested checkpoint does not exist")
+        ckpt.verify_checkpoint(requested, verify, env=env)  # DamagedCheckpoint: one line naming the file
+        ckpt.read_state(requested, verify="never")  # refuses an incomplete one
+        return requested
     latest, damaged = ckpt.latest_intact_checkpoint(run_dir, verify, env)
     for folder, why in damaged if env.is_main else ():
         print(f"{folder}: damaged ({why}); falling back to {latest.name if latest else 'nothing'}", file=sys.stderr)
