@@ -13,13 +13,13 @@ from ropelab.train.stop import exit_code
 
 def _add_data_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True,
-                   help="stdlib or stdlib-prose (built in); a .jsonl/.json/.parquet/.txt file or a folder of them "
+                   help="stdlib, stdlib-prose or wiki-prose (-fr, -es) (built in); a .jsonl/.json/.parquet/.txt file or a folder of them "
                         "(a .txt file is one document); "
                         "or a Hugging Face dataset: owner/name or hf:NAME (streamed)")
     p.add_argument("--hf-config", help="dataset config (subset) name, e.g. sample-100BT")
     p.add_argument("--split", default="train", help="dataset split to read (default: train)")
     p.add_argument("--text-field", default="text", help="field holding the text in json/parquet/dataset rows (default: text)")
-    p.add_argument("--tokenizer", required=True, help="bytes, bpe:<vocab> (trained on stdlib), a tokenizer.json, or an HF name, e.g. EleutherAI/pythia-1b")
+    p.add_argument("--tokenizer", required=True, help="bytes, bpe:<vocab> (trained on the built-in --source for wiki-prose, else on stdlib), a tokenizer.json, or an HF name, e.g. EleutherAI/pythia-1b")
     p.add_argument("--out", dest="out_dir", required=True, help="folder for the shards (new, or an unfinished one to resume)")
     p.add_argument("--val-percent", type=float, default=2.0, help="share of documents held out for validation, by a hash of their text (default 2)")
     p.add_argument("--max-documents", type=int, help="stop after this many source documents")
@@ -35,12 +35,13 @@ def _add_data_prepare(p: argparse.ArgumentParser) -> None:
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from ropelab.data.prepare import prepare
-    from ropelab.data.sources import Source
+    from ropelab.data.sources import BUILTIN_CORPORA, Source
     from ropelab.data.tokenizer import load_tokenizer
 
     output_folder(args.out_dir, "ropelab data prepare", own=None)  # `prepare` checks what the folder holds
     source = Source(args.source, args.hf_config, args.split, args.text_field, args.encoding_errors)
-    tokenizer = load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args.tokenizer, args.source if args.source in BUILTIN_CORPORA else "stdlib",
+                               trust_remote_code=args.trust_remote_code)
     try:
         manifest = prepare(source, tokenizer, args.out_dir, val_percent=args.val_percent, max_documents=args.max_documents,
                            max_tokens=args.max_tokens, shard_tokens=args.shard_tokens, bos=args.bos, workers=args.workers,
@@ -50,6 +51,9 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         how = "stopped by SIGTERM" if terminated else "interrupted"
         print(f"ropelab: {how}; completed shards are kept in {args.out_dir}: re-run the same command to resume", file=sys.stderr)
         return exit_code(signal.SIGTERM if terminated else signal.SIGINT)  # 75 or 130, as train and study
+    if "licence" in manifest["source"]:
+        source = manifest["source"]
+        print(f"text: {source['text']} ({source['language']}), from the package {source['package']}; licence {source['licence']}")
     for split, info in manifest["splits"].items():
         print(f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens in {len(info['shards'])} shard(s)")
     print(f"tokenizer {manifest['tokenizer']} ({manifest['vocab_size']:,} tokens, {manifest['dtype']}) -> {args.out_dir}")

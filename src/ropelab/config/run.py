@@ -22,8 +22,9 @@ from ropelab.errors import ConfigError
 class DataConfig:
     """Where tokens come from and how they are packed into windows.
 
-    `corpus`: ``stdlib`` or ``stdlib-prose`` (the built-in corpora: standard-library source, or its
-    docstrings and comments; tokenized on first use) or a folder written by ``ropelab data prepare``
+    `corpus`: ``stdlib``, ``stdlib-prose`` or ``wiki-prose`` (the built-in corpora: standard-library
+    source, its docstrings and comments, or English Wikipedia lead sections, also ``wiki-prose-fr`` and
+    ``wiki-prose-es``; tokenized on first use) or a folder written by ``ropelab data prepare``
     (its own validation split; `val_percent` applies to the built-in corpora only).
     `pack`: ``cross`` cuts the token stream every `seq_len` tokens, documents running across
     window edges; ``whole`` keeps documents whole, padding the rest of a window (no loss on
@@ -36,11 +37,11 @@ class DataConfig:
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
 
-    corpus: str = "stdlib"  # "stdlib", "stdlib-prose", or a prepared shard folder
+    corpus: str = "stdlib"  # "stdlib", "stdlib-prose", "wiki-prose", or a prepared shard folder
     tokenizer: str = "bytes"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
     seq_len: int = 256
     positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document
-    val_percent: float = 2.0  # share of stdlib files held out for validation (stable hash of the path)
+    val_percent: float = 2.0  # share of built-in documents held out for validation (stable hash of path or title)
     pack: Literal["cross", "whole"] = "cross"
     mask_boundary_labels: bool = False
     verify: Literal["once", "always", "sizes"] = "once"

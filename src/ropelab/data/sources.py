@@ -1,13 +1,14 @@
-"""Document sources: the built-in corpora (`stdlib`, `stdlib-prose`), local files, or a Hugging Face dataset.
+"""Document sources: the built-in corpora (`stdlib`, `stdlib-prose`, `wiki-prose`), local files, or a Hugging Face dataset.
 
 A source yields ``(key, text)`` pairs in a fixed order; the key decides the validation split
-(`corpus.in_validation`): the relative path for a built-in corpus (the built-in split, the same
-for both), None elsewhere, meaning the text itself, so a document lands in the same split
+(`corpus.in_validation`): the relative path for a stdlib corpus (the same split for both), the
+article's title for a Wikipedia corpus, None elsewhere, meaning the text itself, so a document lands in the same split
 whatever its position.
 
 Spec strings (``--source``):
   * ``stdlib``                    – the built-in corpus of standard-library source;
   * ``stdlib-prose``              – the built-in corpus of its docstrings and comments (`ropelab.data.prose`);
+  * ``wiki-prose`` (``-fr``, ``-es``) – the built-in corpus of Wikipedia lead sections (`ropelab.data.wiki`);
   * a ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a folder of such files (one type,
     read in path order). A ``.txt`` file is one document; json and parquet rows are documents
     whose text is in `text_field`;
@@ -29,33 +30,61 @@ from typing import Any, Iterator, Optional
 
 from ropelab import hub
 from ropelab.config import ConfigError
-from ropelab.data.corpus import stdlib_entries, stdlib_files, stdlib_root, stdlib_text
+from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_root, stdlib_text
 from ropelab.data.prose import EXTRACTION, stdlib_prose
+from ropelab.data.wiki import WIKI_CORPORA, corpus_identity, describe_wiki, wiki_articles
 from ropelab.errors import one_line
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 HUB_TIMEOUT_S = 5.0
-BUILTIN_CORPORA = {"stdlib": stdlib_text, "stdlib-prose": stdlib_prose}  # name -> the document of one stdlib file
+STDLIB_CORPORA = {"stdlib": stdlib_text, "stdlib-prose": stdlib_prose}  # name -> the document of one stdlib file
+BUILTIN_CORPORA = (*STDLIB_CORPORA, *WIKI_CORPORA)
 
 
 def corpus_key(corpus: str, val_percent: float) -> str:
     """Short stable key for caches derived from a corpus and its split."""
-    if corpus in BUILTIN_CORPORA:
+    if corpus in STDLIB_CORPORA:
         ident = f"{corpus}:{sys.version_info.major}.{sys.version_info.minor}:{stdlib_root()}:{val_percent}"
         if corpus == "stdlib-prose":
             ident += f":{EXTRACTION}"
+    elif corpus in WIKI_CORPORA:
+        ident = f"{corpus_identity(corpus)}:{val_percent}"
     else:
         ident = f"{Path(corpus).resolve()}:{val_percent}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
+def builtin_documents(corpus: str, skip: int = 0) -> Iterator[tuple[str, str]]:
+    """(key, text) of every document of a built-in corpus from position `skip` on, in the corpus's order."""
+    if corpus in WIKI_CORPORA:
+        yield from wiki_articles(corpus)[skip:]
+        return
+    document = STDLIB_CORPORA[corpus]
+    for relative, path in stdlib_entries()[skip:]:
+        yield relative, document(path)
+
+
 def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Iterator[str]:
+    """The non-empty texts of one split of a built-in corpus, in the corpus's order."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
     if corpus in BUILTIN_CORPORA:
-        texts = map(BUILTIN_CORPORA[corpus], stdlib_files(split, val_percent))
-        return (text for text in texts if text.strip())
+        want_validation = split == "validation"
+        return (text for key, text in builtin_documents(corpus)
+                if in_validation(key, val_percent) == want_validation and text.strip())
     raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for {', '.join(BUILTIN_CORPORA)}; "
                       "prepare other sources into a token folder")
+
+
+def describe_builtin(corpus: str) -> dict:
+    """What a manifest records of a built-in corpus: its origin (and licence, for Wikipedia's text)."""
+    if corpus in WIKI_CORPORA:
+        return describe_wiki(corpus)
+    out = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}  # the running Python's own source
+    if corpus == "stdlib-prose":
+        out["extraction"] = EXTRACTION
+    return out
 
 
 def check_hub_reachable(name: str) -> None:
@@ -113,10 +142,8 @@ class Source:
 
     def describe(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "name": self.location}
-        if self.kind in BUILTIN_CORPORA:  # the corpus is the running Python's own source
-            out["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
-        if self.kind == "stdlib-prose":
-            out["extraction"] = EXTRACTION
+        if self.kind in BUILTIN_CORPORA:
+            out |= describe_builtin(self.kind)
         if self.kind == "local":
             out["files"] = len(self.files)
         if self.kind == "dataset":
@@ -144,9 +171,7 @@ class Source:
     def documents(self, skip: int = 0) -> Iterator[tuple[Optional[str], Optional[str]]]:
         """(key, text) of every document from position `skip` on; text None for a missing value."""
         if self.kind in BUILTIN_CORPORA:
-            document = BUILTIN_CORPORA[self.kind]
-            for relative, path in stdlib_entries()[skip:]:
-                yield relative, document(path)
+            yield from builtin_documents(self.kind, skip)
             return
         rows = self._rows()
         if skip:
