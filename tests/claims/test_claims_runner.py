@@ -36,8 +36,24 @@ def test_select_by_id_and_by_seed_number():
     assert [c.id for c in runner.select(["rq1", "rq2"])] == ["rq1", "rq2"]
     assert {c.seed for c in runner.select(["000"])} == {"partial-rope (000)"}
     assert len(runner.select(None)) == len(runner.CLAIMS) and len({c.id for c in runner.CLAIMS}) == len(runner.CLAIMS)
-    with pytest.raises(ConfigError, match="--only: unknown claim 'rq9'"):
+    with pytest.raises(ConfigError, match="--only: unknown claim or seed 'rq9'"):
         runner.select(["rq9"])
+
+
+@pytest.mark.parametrize("name", ["0", "00", "1"])
+def test_a_seed_number_selects_that_seed_only(name):
+    assert {c.seed for c in runner.select([name])} == {"partial-rope (000)" if name.startswith("0") else
+                                                       "short-data-long-context (001)"}
+
+
+@pytest.mark.parametrize("name", ["rope", "partial", "rq", "q1", "(000)", "2", "-1", "²"])
+def test_only_never_matches_a_part_of_a_name(name, capsys):
+    from ropelab.cli import main
+
+    assert main(["claims", "--only", f"rq1,{name}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--only: unknown claim or seed {name!r}" in err
+    assert "rq1, rq2" in err and "kd-beats-ce" in err and "000, 001" in err
 
 
 def test_a_claim_is_judged_and_reported_and_a_rerun_adds_to_the_timings(tmp_path, rigged):

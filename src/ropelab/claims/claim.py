@@ -38,6 +38,11 @@ class Claim:
     judge: Callable[[Mapping[str, Path]], Finding] = field(repr=False)  # {study stem: study folder} -> Finding
     seed_regime: str = ""  # the regime of the seed's own runs, beside the finding's
 
+    @property
+    def seed_number(self) -> str:
+        """The seed's number from its label: "000" for "partial-rope (000)"."""
+        return self.seed.rsplit("(", 1)[1].rstrip(")")
+
 
 def from_parts(measured: str, parts: Parts, figure: bytes, caption: str, note: str = "", regime: str = "") -> Finding:
     """A finding whose verdict needs every part of the claim to hold, with the parts as its table."""

@@ -33,15 +33,20 @@ CLAIMS: list[Claim] = [*PARTIAL_CLAIMS, *DISTILL_CLAIMS]
 
 
 def select(only: Optional[Sequence[str]] = None) -> list[Claim]:
-    """The claims named in `only` (ids, or a seed's number "000"/"001" for all of its claims), in
-    table order; every claim when `only` is empty."""
+    """The claims named in `only`, in table order: ids matched exactly, or a seed's number ("000", or
+    "0": any digits of the same value) for all of its claims; every claim when `only` is empty."""
     if not only:
         return list(CLAIMS)
-    known = {c.id for c in CLAIMS}
+
+    def named(claim: Claim, name: str) -> bool:
+        return name == claim.id or (name.isascii() and name.isdigit() and int(name) == int(claim.seed_number))
+
     for name in only:
-        if name not in known and not any(name in c.seed for c in CLAIMS):
-            raise ConfigError(f"--only: unknown claim {name!r}; choose from {', '.join(c.id for c in CLAIMS)} (or 000, 001)")
-    return [c for c in CLAIMS if c.id in only or any(name in c.seed for name in only)]
+        if not any(named(c, name) for c in CLAIMS):
+            seeds = ", ".join(dict.fromkeys(c.seed_number for c in CLAIMS))
+            raise ConfigError(f"--only: unknown claim or seed {name!r}; choose claim ids from "
+                              f"{', '.join(c.id for c in CLAIMS)}, or a seed number: {seeds}")
+    return [c for c in CLAIMS if any(named(c, name) for name in only)]
 
 
 def needed_studies(claims: Sequence[Claim], configs: Optional[Path] = None) -> dict[str, StudyConfig]:

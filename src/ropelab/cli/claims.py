@@ -9,7 +9,8 @@ from ropelab.files import output_folder
 
 
 def _add_claims(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--only", help="comma-separated claim ids (rq1,...,spikes,kd-beats-ce,...) or a seed number (000, 001)")
+    p.add_argument("--only", help="comma-separated claim ids (rq1,...,spikes,kd-beats-ce,...) or seed numbers "
+                                  "(000 or 0, 001 or 1), matched exactly")
     p.add_argument("--out", default="claims", help="folder for the studies and claims.html/md/json (default: ./claims)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs trained at once, CPU threads split between them (default 2)")
     p.add_argument("--configs", help="folder of the claim studies (default: the repository's configs/claims)")
