@@ -70,6 +70,26 @@ def test_rq3_needs_the_drift_of_ten_percent_to_grow_with_length(tmp_path):
     assert found.verdict.outcome == DOES_NOT_HOLD  # with a drift of 0.3, 10 % no longer matches full RoPE at 512
 
 
+def test_rq2_needs_the_bands_on_both_english_corpora(tmp_path):
+    """wiki-prose (partial-scaling's 2-layer model) and stdlib-prose (partial-prose) are judged side by side."""
+    size = 100_000
+    scaling = write_frontier_study(tmp_path / "scaling", SEPARATED, params=(size,))
+    three = {"nope": apart(0.5), "rope10": closing(0.03), "rope100": 0.0}
+    found = CLAIMS["rq2"].judge({"partial-prose": write_frontier_study(tmp_path / "prose", three, params=(size,)),
+                                 "partial-scaling": scaling})
+    assert found.verdict.outcome == HOLDS, found.verdict.reason
+    assert [row[0].rsplit("(", 1)[1] for row in found.table[1]] == ["wiki-prose)"] * 2 + ["stdlib-prose)"] * 2
+    assert "wiki-prose" in found.measured and "stdlib-prose" in found.measured
+    inverted = three | {"nope": apart(-0.3)}  # NoPE below the RoPE band on the docstrings
+    lost = CLAIMS["rq2"].judge({"partial-prose": write_frontier_study(tmp_path / "inverted", inverted, params=(size,)),
+                                "partial-scaling": scaling})
+    assert lost.verdict.outcome == DOES_NOT_HOLD
+    assert [row[1] for row in lost.table[1]] == [HOLDS, HOLDS, DOES_NOT_HOLD, HOLDS]  # "nope above rope10, rope100 (stdlib-prose)"
+    other_size = write_frontier_study(tmp_path / "other", three, params=(size * 2,))
+    with pytest.raises(ConfigError, match="partial-scaling has no model of partial-prose's size"):
+        CLAIMS["rq2"].judge({"partial-prose": other_size, "partial-scaling": scaling})
+
+
 def test_rq5_compares_the_spread_of_the_largest_and_smallest_model(tmp_path):
     found = CLAIMS["rq5"].judge({"partial-scaling": write_frontier_study(tmp_path, SEPARATED)})
     spread_part = found.table[1][-1]
@@ -132,5 +152,5 @@ def test_rq6_reads_lambada_perplexity_on_a_log_scale(tmp_path, monkeypatch):
             for variant, values in perplexity.items() for seed in (0, 1)]
     monkeypatch.setattr(partial, "lm_eval_results", lambda study_dir: {"runs": runs, "tasks": list(partial.RQ6_TASKS)})
     monkeypatch.setattr(partial, "regime", lambda study_dir, largest_only=False: "20 tokens per non-embedding parameter")
-    found = CLAIMS["rq6"].judge({"partial-scaling": tmp_path})
+    found = CLAIMS["rq6"].judge({"partial-scaling-code": tmp_path})
     assert found.table[1][0][1] == HOLDS and "log perplexity" in found.table[1][0][0]

@@ -95,18 +95,23 @@ def band_parts(frontiers: Frontiers, bands: Sequence[Sequence[str]], where: str,
     return parts
 
 
-def frontier_text(by_size: Mapping[int, Frontiers]) -> str:
-    """Mean final loss per variant at the smallest and largest budget, per size."""
+def panel_name(key: int | str) -> str:
+    """How frontiers keyed by a size (non-embedding parameters) or by a setting's name are labelled."""
+    return f"{key:,} parameters" if isinstance(key, int) else key
+
+
+def frontier_text(by_size: Mapping[int | str, Frontiers]) -> str:
+    """Mean final loss per variant at the smallest and largest budget, per size (or named setting)."""
     parts = []
     for params, frontiers in by_size.items():
         budgets = sorted(next(iter(frontiers.values())))
         cells = "; ".join(f"{v} {fmean(f[budgets[0]]):.3f} -> {fmean(f[budgets[-1]]):.3f}" for v, f in frontiers.items())
-        parts.append(f"{params:,} parameters, {budgets[0]:.3g} -> {budgets[-1]:.3g} tokens: {cells}")
+        parts.append(f"{panel_name(params)}, {budgets[0]:.3g} -> {budgets[-1]:.3g} tokens: {cells}")
     return " | ".join(parts)
 
 
-def plot_frontiers(by_size: Mapping[int, Frontiers], reference: str) -> bytes:
-    """One panel per size: each variant's final loss against tokens (seeds as points, the fitted
+def plot_frontiers(by_size: Mapping[int | str, Frontiers], reference: str) -> bytes:
+    """One panel per size (or named setting): each variant's final loss against tokens (seeds as points, the fitted
     L(D) = E + B D^-beta as a line where it has 3 budgets); a last panel: the gap of each variant to
     `reference` against tokens (mean over seeds), one line style per size."""
     fig = new_figure(4.0 * (len(by_size) + 1), 3.4)
@@ -126,9 +131,9 @@ def plot_frontiers(by_size: Mapping[int, Frontiers], reference: str) -> bytes:
                 budgets = sorted(frontier)
                 gap_ax.plot(budgets, [fmean(frontier[b]) - fmean(frontiers[reference][b]) for b in budgets],
                             styles[index % len(styles)], marker="o", ms=3, color=f"C{colour}",
-                            label=f"{variant} ({params / 1e3:.0f}k)")
+                            label=f"{variant} ({params / 1e3:.0f}k)" if isinstance(params, int) else f"{variant} ({params})")
         ax.set_xscale("log")
-        ax.set_title(f"{params:,} non-embedding parameters", fontsize=9)
+        ax.set_title(f"{params:,} non-embedding parameters" if isinstance(params, int) else params, fontsize=9)
         finish_axes(ax, "tokens", "final validation loss")
     gap_ax.axhline(0, color="grey", lw=0.8)
     gap_ax.set_xscale("log")
