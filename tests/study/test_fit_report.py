@@ -1,7 +1,9 @@
 """The report section of the scaling-law fits."""
 
+import re
+
 from ropelab.study.fit import Point
-from ropelab.study.fit_report import FIGURE_NAME, fit_section
+from ropelab.study.fit_report import FIGURE_NAME, MAX_EXTRAPOLATION, fit_section
 from scaling_points import BUDGETS, PARAMS, points
 
 
@@ -16,5 +18,36 @@ def test_fit_section_has_tables_a_figure_and_a_held_out_line_per_variant():
     assert "<table>" in section.html and f"![scaling fit]({FIGURE_NAME})" in section.markdown
 
 
-def test_fit_section_is_absent_without_three_budgets():
-    assert fit_section([p for p in points() if p.tokens >= BUDGETS[-2]]) is None
+def test_fit_section_without_three_budgets_says_why():
+    section = fit_section([p for p in points() if p.tokens >= BUDGETS[-2]])
+    assert section.markdown == ("No fit: a scaling-law fit needs at least 3 token budgets per variant and model size, "
+                                "and this study has at most 2.") and not section.images
+
+
+def test_one_seed_gives_no_interval_and_no_held_out_verdict():
+    """With one seed an interval holds no seed-to-seed noise; the held-out check's fit to three budgets
+    goes through its points, and its interval has zero width."""
+    one_seed = [p for p in points(seeds=(0,)) if p.tokens in BUDGETS[::2]]
+    section = fit_section(one_seed, resamples=50)
+    row = next(line for line in section.markdown.splitlines() if line.startswith("| rope |"))
+    assert row.count("[n/a (one seed)]") == 3 and not re.search(r"\[([^,\]]+), \1\]", section.markdown)
+    assert "intervals need at least 2 seeds" in section.markdown and "intervals need at least 2 seeds" in section.html
+    assert "not judged (intervals need at least 2 seeds)" in section.markdown and "OUTSIDE" not in section.markdown
+
+
+def test_a_loss_predicted_outside_the_measured_budgets_says_how_far():
+    """BUDGETS run from 1 to 100 tokens per parameter: 200 is 2x past the largest, 0.5 is 2x short of the
+    smallest, 20,000 (200x) is past the limit of what is shown."""
+    budgets = {"20 tokens/param": 20.0, "200 tokens/param": 200.0, "0.5 tokens/param": 0.5,
+               "20000 tokens/param": 20_000.0}
+    section = fit_section(points() + points("nope", offset=0.05, noise_seed=1), budgets, resamples=50)
+    rows = [line.split(" | ") for line in section.markdown.splitlines() if line.startswith(("| rope |", "| nope - rope |"))]
+    (fit_row, *gap_rows) = rows
+    inside, past, short, far = fit_row[-4:]
+    assert "n/a" not in inside and "measured" not in inside and re.fullmatch(r"\S+ \[\S+, \S+\]", inside)
+    assert past.endswith("] (2x past the largest budget measured)")
+    assert short.endswith("] (2x short of the smallest budget measured)")
+    refused = f"n/a (200x past the largest budget measured; shown up to {MAX_EXTRAPOLATION:g}x)"
+    assert far == refused + " |"
+    assert [row[-1] for row in gap_rows][-1] == refused + " |" and len(gap_rows) == 4
+    assert section.html.count(refused) == 3 and "(2x short of the smallest budget measured)" in section.html

@@ -101,6 +101,8 @@ def test_fit_prints_the_frontier_and_writes_it_only_into_a_new_folder(trained, t
     assert main(["fit", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "Frontier: final loss per budget" in out and "0.1 tokens/param" in out and "0.2 tokens/param" in out
+    assert "No fit: a scaling-law fit needs at least 3 token budgets per variant and model size, and this study " \
+           "has at most 2." in out
     assert main(["fit", str(folder), "--out", str(tmp_path / "fit")]) == 0
     assert "| rope100 | 41,152 |" in (tmp_path / "fit" / "fit.md").read_text()
     assert main(["fit", str(folder), "--out", str(tmp_path / "fit")]) == 2  # not empty now: refused

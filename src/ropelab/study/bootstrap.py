@@ -14,29 +14,37 @@ import numpy as np
 from ropelab.config import ConfigError
 from ropelab.study.fit import MIN_BUDGETS, Point, check_points
 
-__all__ = ["DEFAULT_RESAMPLES", "Estimate", "Resampler", "bootstrap", "group_by", "random_stream"]
+__all__ = ["DEFAULT_RESAMPLES", "MIN_SEEDS", "Estimate", "Resampler", "bootstrap", "group_by", "random_stream"]
 
 DEFAULT_RESAMPLES = 400
+MIN_SEEDS = 2  # an interval over one seed holds none of the seed-to-seed noise (and can have zero width)
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A fitted value and its 95 % bootstrap percentile interval."""
+    """A fitted value and its 95 % bootstrap percentile interval over the points of `seeds` seeds; the
+    interval is shown only from `MIN_SEEDS` seeds up."""
     value: float
     low: float
     high: float
+    seeds: int
 
     @classmethod
-    def from_samples(cls, value: float, samples: np.ndarray) -> Estimate:
+    def from_samples(cls, value: float, samples: np.ndarray, seeds: int) -> Estimate:
         """`value` with the 2.5th and 97.5th percentiles of its bootstrap `samples`."""
         low, high = np.percentile(samples, [2.5, 97.5])
-        return cls(float(value), float(low), float(high))
+        return cls(float(value), float(low), float(high), seeds)
+
+    @property
+    def has_interval(self) -> bool:
+        return self.seeds >= MIN_SEEDS
 
     def contains(self, x: float) -> bool:
         return self.low <= x <= self.high
 
     def __str__(self) -> str:
-        return f"{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
+        interval = f"{self.low:.4g}, {self.high:.4g}" if self.has_interval else "n/a (one seed)"
+        return f"{self.value:.4g} [{interval}]"
 
 
 def group_by(items, key: Callable) -> dict:
@@ -122,4 +130,5 @@ def bootstrap(points: Sequence[Point], statistic: Callable[[list[Point]], Mappin
                 if redrawn > resamples:
                     raise ConfigError(f"fit: {redrawn} bootstrap resamples had too few budgets to fit; "
                                       "measure more budgets or seeds") from None
-    return {key: Estimate.from_samples(value, np.array([s[key] for s in samples])) for key, value in values.items()}
+    seeds = len({p.seed for p in points})
+    return {key: Estimate.from_samples(value, np.array([s[key] for s in samples]), seeds) for key, value in values.items()}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.study.bootstrap import DEFAULT_RESAMPLES, Estimate, Resampler, group_by, random_stream
+from ropelab.study.bootstrap import DEFAULT_RESAMPLES, MIN_SEEDS, Estimate, Resampler, group_by, random_stream
 from ropelab.study.fit import (DataLaw, Point, check_points, checked_curve, fits_and_refits, predict_data_laws,
                                require_budgets)
 
@@ -36,10 +36,13 @@ class HeldOutCheck:
         return self.predicted.contains(self.measured)
 
     def __str__(self) -> str:
-        verdict = "inside" if self.inside else "OUTSIDE"
+        if not self.predicted.has_interval:
+            verdict = f"not judged (intervals need at least {MIN_SEEDS} seeds)"
+        else:
+            verdict = ("inside" if self.inside else "OUTSIDE") + " the interval"
         return (f"held-out check {self.variant} N={self.params:.3g}: fit on D <= {self.fitted_up_to:.3g}, "
                 f"predicted L({self.tokens:.3g}) = {self.predicted}, measured {self.measured:.4g} "
-                f"(mean of {self.n_measured}): {verdict} the interval")
+                f"(mean of {self.n_measured}): {verdict}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def held_out_checks(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES,
         picks = (counts.cumsum(axis=1)[:, None, :] <= drawn.astype(int)[:, :, None]).sum(axis=2)
         samples = predict_data_laws(refits, largest) * np.exp(np.take_along_axis(residuals, picks, axis=1)).mean(axis=1)
         results[key] = HeldOutCheck(key[0], key[1], largest, max(p.tokens for p in fitted), Estimate.from_samples(
-            float(law.predict(largest)), samples), float(np.mean(measured)), len(measured))
+            float(law.predict(largest)), samples, len({p.seed for p in fitted})), float(np.mean(measured)), len(measured))
     return results
 
 

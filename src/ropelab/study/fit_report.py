@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.study.bootstrap import DEFAULT_RESAMPLES
+from ropelab.study.bootstrap import DEFAULT_RESAMPLES, MIN_SEEDS, Estimate
 from ropelab.study.fit import MIN_BUDGETS, Point, check_points
 from ropelab.study.fit_checks import held_out_checks
 from ropelab.study.variant_fits import DEFAULT_BUDGETS, Gap, VariantFit, fit_gaps, fit_variants
@@ -22,16 +22,37 @@ from ropelab.study.section import Section, html_table, markdown_table
 FIGURE_NAME = "scaling_fit.png"
 SEED_MARKERS = "os^Dvp*hX"
 SIZE_LINESTYLES = ("-", "--", ":", "-.")
+MAX_EXTRAPOLATION = 10.0  # a loss predicted further outside the measured budgets than this factor is not shown
+STEP_ROUNDING = 1.01  # a study's budgets are rounded to whole optimizer steps: within 1 % counts as measured
+
+
+def at_budget(estimate: Estimate, tokens: float, measured: tuple[float, float]) -> str:
+    """A value predicted at `tokens`, with how far outside the `measured` (smallest, largest) budgets it
+    lies; "n/a" further than `MAX_EXTRAPOLATION`."""
+    smallest, largest = measured
+    if tokens > largest * STEP_ROUNDING:
+        factor, where = tokens / largest, "past the largest budget measured"
+    elif tokens * STEP_ROUNDING < smallest:
+        factor, where = smallest / tokens, "short of the smallest budget measured"
+    else:
+        return str(estimate)
+    how_far = f"{factor:,.0f}x {where}" if factor >= 10 else f"{factor:.2g}x {where}"
+    if factor > MAX_EXTRAPOLATION:
+        return f"n/a ({how_far}; shown up to {MAX_EXTRAPOLATION:g}x)"
+    return f"{estimate} ({how_far})"
 
 
 def fit_tables(fits: Sequence[VariantFit], budgets: Mapping[str, float],
                gaps: Sequence[Gap] = ()) -> list[tuple[list[str], list[list[str]]]]:
     """(header, rows) of each table: the data law per variant and size, the joint law of the variants
-    that have one, the gaps; values as "fit [95 % interval]"."""
+    that have one, the gaps; values as "fit [95 % interval]", and losses predicted outside the budgets
+    measured (a gap's: those both variants measured) marked with how far (`at_budget`)."""
     names = list(budgets)
     header = ["variant", "N (non-embedding)", "budgets", "runs", "E", "beta", *(f"loss at {n}" for n in names)]
     rows = [[fit.variant, f"{size.params:.3g}", str(size.n_budgets), str(size.law.n_points), str(size.estimates["E"]),
-             str(size.estimates["beta"]), *(str(size.estimates[f"loss at {n}"]) for n in names)]
+             str(size.estimates["beta"]),
+             *(at_budget(size.estimates[f"loss at {n}"], ratio * size.params, (size.budgets[0], size.budgets[-1]))
+               for n, ratio in budgets.items())]
             for fit in fits for size in fit.sizes]
     tables = [(header, rows)]
     joint = [fit for fit in fits if fit.joint is not None]
@@ -41,9 +62,15 @@ def fit_tables(fits: Sequence[VariantFit], budgets: Mapping[str, float],
                          str(fit.joint_estimates["alpha"]), f"{fit.joint.B:.4g}", str(fit.joint_estimates["beta"])]
                         for fit in joint]))
     if gaps:
+        sizes = {(fit.variant, size.params): size for fit in fits for size in fit.sizes}
+
+        def both_measured(g: Gap) -> tuple[float, float]:
+            a, b = sizes[g.a, g.params], sizes[g.b, g.params]
+            return max(a.budgets[0], b.budgets[0]), min(a.budgets[-1], b.budgets[-1])
+
         tables.append((["gap (loss of a - loss of b)", "N (non-embedding)", "budget", "tokens", "gap"],
-                       [[f"{g.a} - {g.b}", f"{g.params:.3g}", g.budget, f"{g.tokens:.3g}", str(g.estimate)]
-                        for g in gaps]))
+                       [[f"{g.a} - {g.b}", f"{g.params:.3g}", g.budget, f"{g.tokens:.3g}",
+                         at_budget(g.estimate, g.tokens, both_measured(g))] for g in gaps]))
     return tables
 
 
@@ -91,17 +118,20 @@ def _held_out_lines(points: Sequence[Point], fits: Sequence[VariantFit], resampl
 
 
 def fit_section(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_BUDGETS,
-                resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Section | None:
+                resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Section:
     """The "Scaling-law fits" section, from the variants' sizes with 3 budgets or more (the others are
-    named as not fitted); None when no variant has a size with 3 budgets. Gaps are each variant against
-    the first one."""
+    named as not fitted); one line saying why when no variant has a size with 3 budgets. Gaps are each
+    variant against the first one."""
     points = check_points(points)
     tokens_by_size: dict[tuple[str, float], set[float]] = {}
     for p in points:
         tokens_by_size.setdefault((p.variant, p.params), set()).add(p.tokens)
     fittable = {key for key, tokens in tokens_by_size.items() if len(tokens) >= MIN_BUDGETS}
     if not fittable:
-        return None
+        most = max(len(tokens) for tokens in tokens_by_size.values())
+        why = (f"No fit: a scaling-law fit needs at least {MIN_BUDGETS} token budgets per variant and model size, "
+               f"and this study has {'only one' if most == 1 else f'at most {most}'}.")
+        return Section("Scaling-law fits", why, f"<p>{html.escape(why)}</p>")
     fitted = [p for p in points if (p.variant, p.params) in fittable]
     fits = fit_variants(fitted, budgets, resamples, seed)
     baseline = fits[0]
@@ -113,8 +143,11 @@ def fit_section(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_
     intro = ("L(D) = E + B D^-beta per variant and model size, and L(N, D) = E + A N^-alpha + B D^-beta for variants "
              "with 3 sizes or more, fitted as Hoffmann et al. 2022 (approach 3): Huber loss of log residuals, "
              "scipy's L-BFGS-B from a grid. Brackets: 95 % bootstrap intervals over seeds and the points of each seed "
-             f"({resamples} resamples, the same for the laws, budgets and gaps). Budgets in tokens per parameter: "
-             + ", ".join(f"{name} = {ratio:g} N" for name, ratio in budgets.items()) + ".")
+             f"({resamples} resamples, the same for the laws, budgets and gaps; intervals need at least {MIN_SEEDS} "
+             "seeds). Budgets in tokens per parameter: "
+             + ", ".join(f"{name} = {ratio:g} N" for name, ratio in budgets.items())
+             + f"; a loss predicted outside the budgets measured says how far, and is not shown past "
+               f"{MAX_EXTRAPOLATION:g}x.")
     notes = checks + ([f"not fitted (fewer than {MIN_BUDGETS} budgets): {', '.join(skipped)}"] if skipped else [])
     markdown = "\n\n".join([intro, f"![scaling fit]({FIGURE_NAME})",
                             *(markdown_table(h, r) for h, r in tables), "\n".join(f"- {line}" for line in notes)])

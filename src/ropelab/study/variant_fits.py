@@ -26,13 +26,17 @@ DEFAULT_BUDGETS: Mapping[str, float] = {"20 tokens/param": 20.0}
 
 @dataclass(frozen=True)
 class SizeFit:
-    """The data law of one model size, fitted to `n_budgets` budgets; `estimates` holds "E", "beta" and
-    "loss at <budget name>", `samples` their bootstrap values, resample by resample."""
+    """The data law of one model size, fitted to the token `budgets` measured; `estimates` holds "E",
+    "beta" and "loss at <budget name>", `samples` their bootstrap values, resample by resample."""
     params: float
-    n_budgets: int
+    budgets: tuple[float, ...]  # distinct, ascending
     law: DataLaw
     estimates: dict[str, Estimate]
     samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_budgets(self) -> int:
+        return len(self.budgets)
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,17 @@ def fit_variants(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT
         law, named = DataLaw.from_theta(theta, objective, len(group)), {f"loss at {n}": r * params for n, r in budgets.items()}
         samples = {"E": refits[:, 0], "beta": refits[:, 2], **{k: predict_data_laws(refits, d) for k, d in named.items()}}
         values = {"E": law.E, "beta": law.beta, **{k: float(law.predict(d)) for k, d in named.items()}}
-        fits[variant].append(SizeFit(params, len({points[i].tokens for i in group}), law,
-                                     {k: Estimate.from_samples(values[k], samples[k]) for k in values}, samples))
+        seeds = len({points[i].seed for i in group})
+        fits[variant].append(SizeFit(params, tuple(sorted({points[i].tokens for i in group})), law,
+                                     {k: Estimate.from_samples(values[k], samples[k], seeds) for k in values}, samples))
     joints = [variant for variant in variants if joint and len(fits[variant]) >= MIN_SIZES]
     curves = [(np.log([[points[i].params, points[i].tokens] for i in variants[v]]),
                np.log([points[i].loss for i in variants[v]]), counts[:, variants[v]]) for v in joints]
     joint_fits = {}
     for variant, (theta, objective, refits) in zip(joints, fits_and_refits(curves)):
         law = JointLaw.from_theta(theta, objective, len(variants[variant]))
-        joint_fits[variant] = (law, {key: Estimate.from_samples(getattr(law, key), refits[:, column])
+        seeds = len({points[i].seed for i in variants[variant]})
+        joint_fits[variant] = (law, {key: Estimate.from_samples(getattr(law, key), refits[:, column], seeds)
                                      for key, column in (("E", 0), ("alpha", 2), ("beta", 4))})
     return [VariantFit(v, tuple(fits[v]), *joint_fits.get(v, (None, {}))) for v in variants]
 
@@ -99,11 +105,15 @@ def fit_gaps(fits: Sequence[VariantFit], a: str, b: str, budgets: Mapping[str, f
     common = sorted(set(by_variant[a]) & set(by_variant[b]))
     if not common:
         raise ConfigError(f"fit: variants {a!r} and {b!r} have no model size in common")
-    return [Gap(a, b, params, name, ratio * params, Estimate.from_samples(
+    gaps = []
+    for params in common:
+        size_a, size_b = by_variant[a][params], by_variant[b][params]
+        for name, ratio in budgets.items():
+            key = f"loss at {name}"
+            gaps.append(Gap(a, b, params, name, ratio * params, Estimate.from_samples(
                 float(size_a.law.predict(ratio * params) - size_b.law.predict(ratio * params)),
-                size_a.samples[f"loss at {name}"] - size_b.samples[f"loss at {name}"]))
-            for params in common for size_a, size_b in [(by_variant[a][params], by_variant[b][params])]
-            for name, ratio in budgets.items()]
+                size_a.samples[key] - size_b.samples[key], min(size_a.estimates[key].seeds, size_b.estimates[key].seeds))))
+    return gaps
 
 
 def gap(points: Sequence[Point], a: str, b: str, budgets: Mapping[str, float] = DEFAULT_BUDGETS,
