@@ -38,22 +38,27 @@ def cmd_study(args: argparse.Namespace) -> int:
         print_plan(expand(study), args.mfu)
         return 0
     from ropelab.study.pipeline import run_and_report
+    from ropelab.train.lock import LOCK_FILE
     from ropelab.train.stop import EX_TEMPFAIL
 
     out = output_folder(args.out, "ropelab study", own=None)
     if not (out / "study.yaml").is_file():  # not a study yet (one is continued, see `ropelab.study.runner`)
-        output_folder(out, "ropelab study")
+        output_folder(out, "ropelab study", (LOCK_FILE,))  # the lock of a study stopped before its study.yaml
     outcome = run_and_report(study, out, jobs=args.jobs or default_jobs(), live=not args.no_live)
     statuses, paths = outcome["statuses"], outcome["report"]
     failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
     interrupted = [k for k, v in statuses.items() if v == "interrupted"]
-    done = len(statuses) - len(failed) - len(interrupted)
+    elsewhere = [k for k, v in statuses.items() if v == "elsewhere"]
+    done = len(statuses) - len(failed) - len(interrupted) - len(elsewhere)
     print(f"study done: {done}/{len(statuses)} runs finished; report: {paths['report.html']}")
     if failed:
         print(f"failed runs (see runs/<id>/error.txt): {', '.join(failed)}")
     if interrupted:
         print(f"runs stopped by a signal (re-run the same command to continue them): {', '.join(interrupted)}")
-    return 1 if failed else EX_TEMPFAIL if interrupted else 0
+    if elsewhere:
+        print(f"runs another process is training, left alone (re-run the same command once it is done): "
+              f"{', '.join(elsewhere)}")
+    return 1 if failed else EX_TEMPFAIL if interrupted or elsewhere else 0
 
 
 def _add_report(p: argparse.ArgumentParser) -> None:

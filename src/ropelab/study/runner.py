@@ -10,6 +10,12 @@ the KD runs that share a teacher and their batches read one cache of its targets
 SIGTERM, SIGUSR1 or Ctrl-C to the study goes on to its running trainers, which save a checkpoint
 and stop (`ropelab.train.stop`); the study waits for them, marks them interrupted and raises
 `StoppedBySignal`: the same command again continues every run.
+
+Nothing in a run folder is another process's to lose: the study holds a lock on its folder for as
+long as it runs (a second study on it stops in one line, `RunLocked`), and the run's own lock
+(`ropelab.train.lock`) while it decides, right before starting a trainer, whether the run is done,
+resumes or starts afresh (removing what an attempt before its first checkpoint left). A run whose
+lock another process holds (a `ropelab train` started by hand) is `elsewhere`: left alone.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from ropelab.study.frontier import read_study_record
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.study.teacher_cache import shared_caches, write_shared_caches
 from ropelab.train.checkpoint import latest_checkpoint
-from ropelab.train.lock import is_locked
+from ropelab.train.lock import RunLock, RunLocked, is_locked
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
 from ropelab.train.stop import EX_TEMPFAIL, INTERRUPTED, STOP_SIGNALS, StoppedBySignal, StopSignals, signal_name
@@ -94,12 +100,21 @@ def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[st
 
 
 def _start(state: RunState, directory: Path, threads: int, cache: Optional[Path] = None) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "error.txt").unlink(missing_ok=True)
+    """Start the run's trainer, unless another process has finished the run or holds it by now."""
+    try:
+        with RunLock(directory):  # no trainer starts in it while the study reads and cleans it
+            if (directory / RESULT).is_file():
+                state.status = "done"
+                return
+            command = _command(state, directory, cache)
+            (directory / "error.txt").unlink(missing_ok=True)
+    except RunLocked:
+        state.status = "elsewhere"
+        return
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     state.log = open(directory / "train.log", "a")
     # a session of its own: a Ctrl-C in the terminal reaches the study alone, which forwards it once
-    state.process = subprocess.Popen(_command(state, directory, cache), stdout=state.log, stderr=subprocess.STDOUT, env=env,
+    state.process = subprocess.Popen(command, stdout=state.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
     state.status = "running"
 
@@ -112,6 +127,9 @@ def _finish(state: RunState, directory: Path) -> None:
         return
     if code in (EX_TEMPFAIL, INTERRUPTED) or -code in STOP_SIGNALS:  # its checkpoint (if any) continues it next time
         state.status = "interrupted"
+        return
+    if is_locked(directory):  # another process took the run between the study's check and its trainer's start
+        state.status = "elsewhere"
         return
     state.status = "failed"
     tail = (directory / "train.log").read_text(errors="replace").strip().splitlines()[-20:]
@@ -137,11 +155,16 @@ def _overview(states: list[RunState], study_dir: Path):
 
 def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bool = True) -> dict[str, str]:
     """Run (or continue) every run of `study` in `study_dir`; returns {run id: status}."""
+    study_dir = Path(study_dir)
+    runs = expand(study)
+    with RunLock(study_dir, role="study"):  # before study.yaml: a second study on the folder stops here
+        return _run_locked(study, runs, study_dir, jobs, live)
+
+
+def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, jobs: int, live: bool) -> dict[str, str]:
     from rich.console import Console
     from rich.live import Live
 
-    study_dir = Path(study_dir)
-    runs = expand(study)
     record_study(study_dir, study, runs)
     states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
     caches = shared_caches(runs, study_dir) if study.teacher_cache else {}
@@ -172,7 +195,7 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
                     _start(s, run_dir(study_dir, s.run.id), threads, caches.get(s.run.id))
-                    running += 1
+                    running += s.status == "running"
             if display is not None:
                 display.update(_overview(states, study_dir))
             if not running and (stop.signum is not None or not any(s.status == "queued" for s in states)):

@@ -5,7 +5,9 @@ runs (rank 0 takes it; the other ranks of the same job do not). The kernel drops
 holding process exits in any way, SIGKILL and out-of-memory kills included, so a dead run never
 leaves a stale lock: the file stays, with the last holder's pid, host and start time, but nothing
 holds it. A second trainer on the same directory gets `RunLocked` (a ConfigError: one line naming
-the holder). `is_locked(run_dir)` tells the study runner whether a run is live, and who runs it.
+the holder). `is_locked(run_dir)` tells the study runner whether a run is live, and who runs it. The
+study runner holds the same kind of lock on its study folder (`role="study"`: one study per folder)
+and, for a moment, on a run folder while it decides what to do with it (no trainer starts meanwhile).
 
 The file is never deleted (deleting a lock file lets two processes lock two different files of one
 name). A process forked by the holder (not exec'd: the descriptor is close-on-exec) shares the lock
@@ -50,12 +52,14 @@ def _holder(path: Path) -> str:
 
 class RunLock:
     """Exclusive lock on ``run_dir/.lock``: ``with RunLock(run_dir): train(...)``, or `acquire` /
-    `release`. `wait` seconds of retrying ride out a brief `is_locked` probe by another process."""
+    `release`. `wait` seconds of retrying ride out a brief `is_locked` probe by another process.
+    `role` names the holder in the refusal ("another trainer is running in it")."""
 
-    def __init__(self, run_dir: Path, wait: float = 1.0):
+    def __init__(self, run_dir: Path, wait: float = 1.0, role: str = "trainer"):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self.wait = wait
+        self.role = role
         self._fd: Optional[int] = None
 
     @property
@@ -75,7 +79,7 @@ class RunLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise RunLocked(f"{self.run_dir}: another trainer is running in it ({_holder(self.path)}); "
+                    raise RunLocked(f"{self.run_dir}: another {self.role} is running in it ({_holder(self.path)}); "
                                     "wait for it to finish or stop it") from None
                 time.sleep(0.05)
             except OSError:
