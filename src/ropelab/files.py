@@ -9,6 +9,8 @@
                                 not empty text, not a file, and no entry the command did not write
   check_folder_name(name, key)  a name from a config or the command line that names a folder inside
                                 --out (a study's run id): one path component, never ``..``
+  refuse_links_out(folder, ...) a one-line ConfigError for a link in `folder` leading out of it, before a
+                                command that writes and prunes there follows it into someone else's files
   one_at_a_time(lock_file)      an exclusive flock held for a block: a second process waits for the
                                 first, so a cache entry is built once by whichever process comes first
 """
@@ -99,6 +101,23 @@ def check_folder_name(name: str, key: str) -> str:
         raise ConfigError(f"{key}={name!r}: names a folder, so it may hold only letters, digits and . _ + - "
                           "(not first: a dot)")
     return name
+
+
+def refuse_links_out(folder: str | Path, writer: str) -> None:
+    """A one-line ConfigError for the first symbolic link in `folder` (at any depth) leading out of it, since
+    `writer` writes, prunes and resumes from what it finds there: a run's `checkpoints/` linked to another
+    run's would train from that run's checkpoints and prune them. Links are never followed in the search."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    root = folder.resolve()
+    for parent, dirs, files in os.walk(folder):  # a linked folder is listed in `dirs`, never entered
+        for name in sorted(dirs + files):
+            path = Path(parent) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise ConfigError(f"{path}: a link to {path.resolve()}, outside {folder}; {writer} writes and prunes "
+                                  "only inside its folder and follows no link out of it: replace the link with "
+                                  "what it points to, or choose another --out (nothing was changed)")
 
 
 def refuse_existing(out_dir: str | Path) -> Path:

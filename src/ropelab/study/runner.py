@@ -33,7 +33,7 @@ from typing import Optional
 import yaml
 
 from ropelab.config import ConfigError
-from ropelab.files import write_atomically
+from ropelab.files import refuse_links_out, write_atomically
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
@@ -165,6 +165,7 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
     from rich.console import Console
     from rich.live import Live
 
+    refuse_links_out(study_dir, "ropelab study")  # it cleans and writes in its runs too (train.log, error.txt)
     record_study(study_dir, study, runs)
     states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
     caches = shared_caches(runs, study_dir) if study.teacher_cache else {}

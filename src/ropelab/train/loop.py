@@ -28,6 +28,7 @@ from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import padded_vocab
 from ropelab.errors import TrainingDiverged, is_storage_error
+from ropelab.files import refuse_links_out
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype
 from ropelab.sources.init import check_init, initial_weights
@@ -88,6 +89,7 @@ def train(
     `from_checkpoint` (a checkpoint folder, or a step number) when given. `objective` replaces
     the loss (default: cross-entropy, or distillation when the config has a `distill` section)."""
     run_dir = Path(out_dir)
+    refuse_links_out(run_dir, "ropelab train")  # before anything is read or written there
     if from_checkpoint is not None:  # first: a foreign checkpoint is refused even on a run with nothing left to do
         from_checkpoint = own_checkpoint(run_dir, from_checkpoint)
     if resume:
