@@ -42,11 +42,17 @@ LAMBADA = [
     {"context": "import os\nprint(os.path.join('a', 'b'))\nimport", "word": " sys"},
     {"context": "def f(self):\n    return", "word": " self"},
     {"context": "for i in range(10)", "word": ":\n    print(i)\n"},  # longer than max_length (32) as bytes
+    {"context": "for i in range(1", "word": "0):\n    print(i)\n"},  # the same text, split elsewhere: see GROUPED
     {"context": "def f(self):\n    return ", "word": "self"},  # trailing whitespace: moved to the continuation
     {"context": "x = 1\n\n", "word": "y = 2"},
     {"context": "", "word": "import os"},  # the prefix token stands for the context
 ]
 GEN = [{"question": "def add(a, b):\n", "answer": "    return a + b"}, {"question": "import", "answer": " os"}]
+# lm-eval 0.4.13's `--model hf` scores the requests whose context + continuation minus its last token
+# coincide with one forward pass, and reads the shorter continuation's log-probs at the first positions
+# of the longer one's: LAMBADA's row 3 gets row 4's positions (docs/export-and-lm-eval.md#grouped-requests).
+# `--model ropelab` scores every request on its own; the hf route is compared on the other items.
+GROUPED = {("lambada_local", 3, 0)}
 
 
 
@@ -92,11 +98,13 @@ def _item_answers(result: dict) -> dict:
     }
 
 
-def _assert_same_items(ours: dict, theirs: dict, what: str) -> None:
+def _assert_same_items(ours: dict, theirs: dict, what: str, skip=frozenset()) -> None:
     ours, theirs = _item_answers(ours), _item_answers(theirs)
     assert set(ours) == set(theirs), what
     for key, answer in ours.items():
         for a, b in zip(answer, theirs[key], strict=True):
+            if key in skip and isinstance(a, float):
+                continue
             same = abs(a - b) <= TOL * max(1.0, abs(a)) if isinstance(a, float) else a == b
             assert same, f"{what}: {key} {answer} vs {theirs[key]}"
 
@@ -113,11 +121,43 @@ def _export_and_compare(run, tasks_dir, tmp_path) -> dict:
     manager = TaskManager(include_path=str(tasks_dir), include_defaults=False)
     common = {"tasks": TASKS, "task_manager": manager, "bootstrap_iters": 0, "log_samples": True}
     ours = simple_evaluate(model="ropelab", model_args=f"pretrained={run}", **common)
+    _assert_direct_loglikelihoods(ours, run)
     hf = simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32", batch_size=4,
                          device="cpu", **common)
-    _assert_same_items(ours, hf, "--model hf")
-    _assert_same(_numbers(ours["results"]), _numbers(hf["results"]), "--model hf")
+    _assert_same_items(ours, hf, "--model hf", skip=GROUPED)
+    _assert_same(_outside_grouped(_numbers(ours["results"])), _outside_grouped(_numbers(hf["results"])), "--model hf")
     return hf
+
+
+def _outside_grouped(numbers: dict) -> dict:
+    """The figures of the tasks without a GROUPED item (the hf route's differ on those)."""
+    return {key: value for key, value in numbers.items() if key[0] not in {task for task, _, _ in GROUPED}}
+
+
+def _assert_direct_loglikelihoods(result: dict, run) -> None:
+    """Each log-likelihood of the cloze task (contexts neither empty nor ending in whitespace, which the
+    harness rewrites) equals log p(continuation | context) from one forward pass of the run's model on
+    that request alone, in a window of max_length tokens as the harness cuts it."""
+    import torch
+
+    from ropelab import load
+
+    model, tokenizer, config = load(run)
+    window = config.data.seq_len + 1
+    checked = set()
+    for sample in result["samples"]["lambada_local"]:
+        ((context, continuation),), (((score, _),),) = sample["arguments"], sample["resps"]
+        if not context or context != context.rstrip():
+            continue
+        context_ids, whole = tokenizer.encode_batch([context, context + continuation])
+        targets = torch.tensor(whole[len(context_ids):])
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([whole[-window:][:-1]]))
+        logprobs = torch.log_softmax(logits[0, -len(targets):].float(), dim=-1)
+        direct = logprobs.gather(-1, targets[:, None]).sum().item()
+        assert abs(score - direct) <= TOL * max(1.0, abs(direct)), f"{sample['doc_id']}: {score} vs {direct}"
+        checked.add(sample["doc_id"])
+    assert {3, 4} <= checked
 
 
 def test_local_tasks_same_numbers_three_routes(run, tasks_dir, hf_env, tmp_path):
@@ -163,7 +203,8 @@ def _in_process_routes(run, tasks_dir, tmp_path):
     # --model hf on the exported folder, item by item, the generations token for token
     if importlib.util.find_spec("accelerate") is None:
         return False
-    _assert_same(ours, _numbers(_export_and_compare(run, tasks_dir, tmp_path)["results"]), "--model hf")
+    _assert_same(_outside_grouped(ours), _outside_grouped(_numbers(_export_and_compare(run, tasks_dir, tmp_path)["results"])),
+                 "--model hf")
     return True
 
 
