@@ -26,13 +26,18 @@ INLINE_CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 # a file or folder of the repository named in the text: configs/tiny.yaml, configs/paper/kd-*.yaml, benchmarks/rope.py
 REPO_PATH = re.compile(r"(?<![\w/.$-])((?:configs|benchmarks|scripts|tests)/[\w./*-]*[\w*/])")
 LOCAL_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# The set-up commands create .venv without activating it: an example that runs `ropelab` (or
+# `torchrun -m ropelab`) from PATH fails with "command not found" unless the reader was told this first.
+ACTIVATE = "source .venv/bin/activate"
 
 
-def shell_lines(text: str) -> list[str]:
-    """The command lines of a page: fenced shell blocks (console blocks: the `$ ` lines only, backslash
-    continuations joined) and inline code that starts with a command."""
-    lines, block, language, pending = [], False, "", ""
-    for line in text.splitlines():
+def fenced_command_lines(text: str) -> list[tuple[int, str]]:
+    """The command lines of a page's fenced shell blocks (console blocks: the `$ ` lines only, backslash
+    continuations joined), each with the offset in `text` of the line it starts on."""
+    lines, block, language, pending, start, offset = [], False, "", "", 0, 0
+    for raw in text.splitlines(keepends=True):
+        at, offset = offset, offset + len(raw)
+        (line,) = raw.splitlines() or [""]
         fence = FENCE.match(line)
         if fence:
             block, language = not block, fence.group(2).lower()
@@ -43,19 +48,27 @@ def shell_lines(text: str) -> list[str]:
             if not line.startswith("$ "):
                 continue
             line = line[2:]
+        start = start if pending else at
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        lines.append(pending + line)
+        lines.append((start, pending + line))
         pending = ""
-    outside = re.sub(r"^\s*(```+|~~~+).*?^\s*\1", "", text, flags=re.S | re.M)
-    lines += [span for span in INLINE_CODE.findall(outside) if span.split()[:1] in (["ropelab"], ["torchrun"])]
     return lines
 
 
-def ropelab_commands(line: str) -> list[list[str]]:
-    """The arguments of each `ropelab` invocation in a shell line (`ropelab ...`, `.venv/bin/ropelab ...`,
-    `torchrun ... -m ropelab ...`), placeholders' brackets and `...` dropped."""
+def shell_lines(text: str) -> list[str]:
+    """The command lines of a page: those of its fenced shell blocks and inline code that starts with a
+    command."""
+    outside = re.sub(r"^\s*(```+|~~~+).*?^\s*\1", "", text, flags=re.S | re.M)
+    return ([line for _, line in fenced_command_lines(text)]
+            + [span for span in INLINE_CODE.findall(outside) if span.split()[:1] in (["ropelab"], ["torchrun"])])
+
+
+def ropelab_invocations(line: str) -> list[tuple[str, list[str]]]:
+    """(program, arguments) of each `ropelab` invocation in a shell line: `ropelab ...`,
+    `.venv/bin/ropelab ...`, `torchrun ... -m ropelab ...` (program `ropelab`, the module), placeholders'
+    brackets and `...` dropped."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = [t.strip("[]") for t in lexer]
@@ -72,14 +85,14 @@ def ropelab_commands(line: str) -> list[list[str]]:
         for i, token in enumerate(tokens):
             program = token == "ropelab" or token.endswith("/ropelab")
             if program and (i == 0 or tokens[i - 1] == "-m" or all(re.match(r"\w+=", t) for t in tokens[:i])):
-                commands.append(tokens[i + 1:])
+                commands.append((token, tokens[i + 1:]))
                 break
-    return [c for c in commands if c]
+    return [(program, args) for program, args in commands if args]
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
     return [(f"{page.relative_to(ROOT)}: {line.strip()}", args)
-            for page in PAGES for line in shell_lines(page.read_text()) for args in ropelab_commands(line)]
+            for page in PAGES for line in shell_lines(page.read_text()) for _, args in ropelab_invocations(line)]
 
 
 def accepted_options(args: list[str]) -> tuple[set[str] | None, str]:
@@ -133,12 +146,12 @@ def test_every_documented_command_is_accepted():
 
 
 def test_a_wrong_command_or_flag_is_caught():
-    (wrong_command,) = ropelab_commands("ropelab trian --out runs/x")
+    ((_, wrong_command),) = ropelab_invocations("ropelab trian --out runs/x")
     assert accepted_options(wrong_command)[0] is None
-    (args,) = ropelab_commands("torchrun --nproc_per_node 2 -m ropelab eval longctx runs/a [RUN ...]")
+    ((_, args),) = ropelab_invocations("torchrun --nproc_per_node 2 -m ropelab eval longctx runs/a [RUN ...]")
     options, _ = accepted_options(args)
     assert "--lengths" in options and "--tasks" in options and "--jobs" not in options
-    assert ropelab_commands("ropelab-lm-eval --model ropelab --model_args pretrained=RUN") == []
+    assert ropelab_invocations("ropelab-lm-eval --model ropelab --model_args pretrained=RUN") == []
 
 
 def test_every_named_repository_path_exists():
@@ -156,6 +169,41 @@ def test_the_readme_links_resolve():
     assert any(link.startswith("docs/") for link in links)
     missing = [link for link in links if not (ROOT / link).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def guide_in_reading_order() -> list[Path]:
+    """The guide's pages in the order of mkdocs.yml's nav."""
+    def pages(nav) -> list[str]:
+        if isinstance(nav, str):
+            return [nav]
+        items = nav.values() if isinstance(nav, dict) else nav
+        return [page for item in items for page in pages(item)]
+
+    return [ROOT / "docs" / page for page in pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])]
+
+
+def unprepared_examples(document: list[Path]) -> list[str]:
+    """The pages of `document` (read in order) whose first example running `ropelab` from PATH comes
+    before any page has said `ACTIVATE`, each with that example's line."""
+    problems, told = [], False
+    for page in document:
+        text = page.read_text()
+        told_at = text.find(ACTIVATE)
+        first = next((at for at, line in fenced_command_lines(text)
+                      if any(program == "ropelab" for program, _ in ropelab_invocations(line))), None)
+        if first is not None and not told and not 0 <= told_at < first:
+            line = text.count("\n", 0, first) + 1
+            problems.append(f"{page.relative_to(ROOT)}:{line}")
+        told = told or told_at >= 0
+    return problems
+
+
+def test_examples_calling_ropelab_from_path_come_after_the_activation():
+    guide = guide_in_reading_order()
+    assert ROOT / "docs" / "getting-started.md" in guide and len(guide) == len(PAGES) - 1
+    problems = unprepared_examples([ROOT / "README.md"]) + unprepared_examples(guide)
+    assert not problems, (f"examples run a bare `ropelab` before the reader is told `{ACTIVATE}` (the set-up "
+                          f"does not activate .venv): {', '.join(problems)}")
 
 
 def test_the_readme_stays_short():
