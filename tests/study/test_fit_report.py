@@ -50,4 +50,5 @@ def test_a_loss_predicted_outside_the_measured_budgets_says_how_far():
     refused = f"n/a (200x past the largest budget measured; shown up to {MAX_EXTRAPOLATION:g}x)"
     assert far == refused + " |"
     assert [row[-1] for row in gap_rows][-1] == refused + " |" and len(gap_rows) == 4
+    # in the HTML too: rope's and nope's rows and their gap's
     assert section.html.count(refused) == 3 and "(2x short of the smallest budget measured)" in section.html
