@@ -1,10 +1,12 @@
 """Branches (`train.branch_from`): a run that continues another's whole training state."""
 
 import json
+import os
 import shutil
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from ropelab.config import ConfigError, build_run_config
@@ -100,3 +102,59 @@ def test_branch_and_init_from_together_are_refused(parent):
     run_dir, overrides = parent
     with pytest.raises(ConfigError, match="give one"):
         build_run_config(overrides=[*overrides, f"train.branch_from={run_dir}", f"train.init_from={run_dir}"])
+
+
+# A parent whose layers do not rotate as the preset's: every second layer NoPE, a quarter of the
+# channels rotated at theta 5e5 in the others (issue #52: a branch of it trained all-RoPE at theta 1e4).
+LAYOUT = ["model.layer_pattern=RN", "model.layer_kinds={R: {}, N: {rope: none}}", "model.rope.fraction=0.25",
+          "model.rope.theta=500000"]
+
+
+@pytest.fixture(scope="module")
+def hybrid_parent(tmp_path_factory, tiny_session_overrides):
+    overrides = [*tiny_session_overrides, "train.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=2",
+                 "train.eval_every=2"]
+    run_dir = tmp_path_factory.mktemp("hybrid") / "run"
+    train(build_run_config(overrides=[*overrides, *LAYOUT]), run_dir)
+    return run_dir, overrides
+
+
+def test_a_branch_command_keeps_the_parents_layout_fraction_and_theta(hybrid_parent, tmp_path):
+    from ropelab.cli import main
+
+    run_dir, overrides = hybrid_parent
+    branch = tmp_path / "branch"
+    assert main(["train", "--out", str(branch), *overrides, f"train.branch_from={run_dir}", "train.branch_step=2"]) == 0
+    saved = yaml.safe_load((branch / "config.yaml").read_text())["model"]
+    assert saved["layer_pattern"] == "RN" and saved["layer_kinds"]["N"]["rope"] == "none"
+    assert (saved["rope"]["fraction"], saved["rope"]["theta"]) == (0.25, 500000)
+    assert curve(branch) == curve(run_dir)[2:]  # it repeats the parent's steps 3 and 4
+
+
+@pytest.mark.parametrize("change, message", [
+    ([], "layer 0 has rope.theta 10000.0 but the parent's has 500000.0"),  # the library's defaults: the preset's
+    ([*LAYOUT, "model.rope.fraction=1.0"], "layer 0 has rotary channels 16 but the parent's has 4"),
+    ([*LAYOUT, "model.layer_pattern=RR"], "layer 1 has rotary channels 4 but the parent.s has 0"),
+])
+def test_a_branch_that_would_rotate_otherwise_than_its_parent_is_refused(hybrid_parent, tmp_path, change, message):
+    run_dir, overrides = hybrid_parent
+    config = build_run_config(overrides=[*overrides, *change, f"train.branch_from={run_dir}", "train.branch_step=2"])
+    with pytest.raises(ConfigError, match=message) as caught:
+        train(config, tmp_path / "branch")
+    assert "\n" not in str(caught.value) and "train.init_from" in str(caught.value)
+    assert not (tmp_path / "branch").exists()
+
+
+@pytest.mark.parametrize("step", [None, 6])  # the newest (10 or 12, pruned at the next save), one never kept
+def test_a_branch_from_a_parent_still_training_says_so(parent, tmp_path, step):
+    from ropelab.train.branch import branch_point
+    from ropelab.train.lock import RunLock
+
+    run_dir, overrides = parent
+    chosen = [f"train.branch_from={run_dir}", "train.steps=16"] + ([] if step is None else [f"train.branch_step={step}"])
+    with RunLock(run_dir):  # the parent's trainer
+        with pytest.raises(ConfigError, match=rf"the parent is still training \(pid {os.getpid()} on ") as caught:
+            train(build_run_config(overrides=[*overrides, *chosen]), tmp_path / "branch")
+        assert "\n" not in str(caught.value) and not (tmp_path / "branch").exists()
+        kept = branch_point(build_run_config(overrides=[*overrides, *chosen[:2], "train.branch_step=4"]))
+        assert kept.step == 4  # a step of its train.checkpoint_steps, never pruned: a branch point meanwhile

@@ -2,7 +2,8 @@
 
   run_config(base, preset, overrides)  `build_run_config`, except that with `train.init_from` set the
                                        source's model settings and tokenizer are the defaults under
-                                       the user's (so a fine-tune of SmolLM2 needs no shape keys)
+                                       the user's (so a fine-tune of SmolLM2 needs no shape keys); the
+                                       same with `train.branch_from` and the parent run's
   check_init(config)                   the run can start from its source: the same weight shapes and
                                        the same tokenizer; one-line ConfigError otherwise, reading
                                        only configurations and tokenizers (`check_same_weights`)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 from typing import Optional
 
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
@@ -31,6 +33,7 @@ from ropelab.sources.calibrate import calibration_batches, held_out_check, two_n
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
+from ropelab.sources.runs import is_run_dir, read_run_config
 
 # RopeConfig fields that say which channels rotate: a run that sets one replaces the source's choice
 CHANNEL_KEYS = ("fraction", "rotary_dims", *PLAN_KEYS)
@@ -49,14 +52,26 @@ def _train_setting(base: dict | None, overrides, name: str):
     return value
 
 
+def _parent_config(branch_from) -> Optional[RunConfig]:
+    """The config.yaml of the run `train.branch_from` names (the run, or one of its checkpoints), or None
+    when it names none (`ropelab.train.branch` says what is wrong with it)."""
+    source = Path(str(branch_from))
+    run = source if is_run_dir(source) else source.parent.parent
+    return read_run_config(run) if is_run_dir(run) else None
+
+
 def run_config(base: dict | None = None, preset: str | None = None, overrides=()) -> RunConfig:
-    """A run config as `build_run_config` makes it; with `train.init_from` and no model preset, the
-    source's model settings and data.tokenizer are the defaults that the YAML and overrides change."""
+    """A run config as `build_run_config` makes it; with `train.init_from` (or `train.branch_from`: the
+    parent run's) and no model preset, the source's model settings and data.tokenizer are the defaults
+    that the YAML and overrides change."""
     name = _train_setting(base, overrides, "init_from")
+    branch_from = _train_setting(base, overrides, "branch_from")
     tree = copy.deepcopy(base) if base else {}
-    if name is None or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
+    if (name is None and branch_from is None) or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
         return build_run_config(tree, preset, overrides)
-    source_config, _ = load_config(str(name))
+    source_config = load_config(str(name))[0] if name is not None else _parent_config(branch_from)
+    if source_config is None:
+        return build_run_config(tree, preset, overrides)
     model = dataclasses.asdict(source_config.model)
     mine = (tree.get("model") or {}).get("rope")
     chosen = set(mine or {}) | {key.split(".")[2] for key, _ in map(parse_override, overrides)
