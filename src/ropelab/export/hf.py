@@ -38,7 +38,7 @@ from ropelab.model import Transformer
 from ropelab.sources import load, resolve
 from ropelab.sources.hf import to_hf
 from ropelab.sources.hf_archs import hf_model_class
-from ropelab.sources.hf_config_write import hf_architecture
+from ropelab.sources.hf_round_trip import native_architecture
 from ropelab.sources.runs import checkpoint_step
 from ropelab.sources.transformers_lib import require_transformers
 
@@ -77,7 +77,8 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
             trained_context: int | None = None) -> dict:
     """Write `model` (its config is `model.config`) as a Hugging Face folder `out_dir`, no run needed.
 
-    Route "native": the exactly equivalent transformers class (`hf_architecture`), no remote code.
+    Route "native": the exactly equivalent transformers class, no remote code, only where the HF config
+    written reads back as the same model (`ropelab.sources.hf_round_trip`).
     Route "remote_code" when there is none: ropelab's own modeling code ships in the folder with
     `auto_map` (see `remote_code`); load it with `trust_remote_code=True`. `token_ids`: bos/eos/pad
     ids for the configs (ids outside the vocabulary are dropped, None ones are written as null);
@@ -87,7 +88,7 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
     out = refuse_existing(out_dir)
     transformers = require_transformers("Hugging Face export")
     try:
-        arch, why = hf_model_class(hf_architecture(model.config)), None
+        arch, why = hf_model_class(native_architecture(model.config)), None
     except ValueError as exc:
         arch, why = None, str(exc)
     hf_model = to_hf(model) if why is None else remote_code.to_remote_hf(model)

@@ -19,7 +19,8 @@ ropelab's own exports need no such permission: they are read with ropelab's clas
 
 Submodules: runs (the run-directory layout), locate (kinds of source, decided once), loading (one
 loader per kind: load, load_config, import_model), hf (the weight adapter; hf_archs, hf_config_read and
-hf_config_write: the architectures and their configs), hf_models (loading with transformers), exported
+hf_config_write: the architectures and their configs; hf_round_trip: a native export only where the
+config written reads back as the same model), hf_models (loading with transformers), exported
 (folders ropelab exported with its own modeling code), gguf_files (built-in names and GGUF files), gguf
 (reading GGUF files), imported (import folders), init (runs that start from a source's weights).
 """
