@@ -86,11 +86,11 @@ def test_a_missing_study_config_stops_before_any_run(tmp_path, rigged):
 def test_the_dry_run_plans_runs_tokens_and_a_measured_time(tmp_path):
     folder = tmp_path / "configs"
     folder.mkdir()
-    text = (CLAIMS_CONFIGS / "partial-prose.yaml").read_text().replace("budgets: [2.5, 5, 10, 20]", "budgets: [0.1, 0.2]")
-    (folder / "partial-prose.yaml").write_text(text)
-    runs = expand(load_study(folder / "partial-prose.yaml"))
-    (plan,) = runner.plan_claims(["rq2"], jobs=2, configs=folder)
-    assert plan["study"] == "partial-prose" and plan["claims"] == ["rq2"] and len(plan["runs"]) == len(runs)
+    text = (CLAIMS_CONFIGS / "partial-pythia.yaml").read_text().replace("budgets: [2.5, 5, 10, 20]", "budgets: [0.1, 0.2]")
+    (folder / "partial-pythia.yaml").write_text(text)
+    runs = expand(load_study(folder / "partial-pythia.yaml"))
+    (plan,) = runner.plan_claims(["rq4"], jobs=2, configs=folder)
+    assert plan["study"] == "partial-pythia" and plan["claims"] == ["rq4"] and len(plan["runs"]) == len(runs)
     trained = {run.id: run.config.train.steps - (run.config.train.branch_step or 0) for run in runs}
     assert plan["tokens"] == sum(trained.values()) * 8 * 256  # a branch trains from its trunk's step on
     assert plan["tokens_per_param"] == pytest.approx(0.2, rel=0.05)  # budgets round to whole steps
