@@ -1,5 +1,7 @@
 """RULER through a model: greedy generation from the prompt's KV cache, item scoring, and
-`ropelab eval longctx --tasks ruler` end to end on the shared tiny run, bad input included."""
+`ropelab eval longctx --tasks ruler` end to end on the shared tiny run (what the report says: the
+RULER-11 mean only for all 11 tasks, intervals, the threshold's source, BOS, the essay haystack and
+its repeats), bad input included."""
 
 from __future__ import annotations
 
@@ -111,13 +113,22 @@ def test_ruler_suite_end_to_end(run, tmp_path):
         (item,) = cell["items"]
         assert cell["length"] == 2500 and 0 <= cell["score"] <= 100 and 1 <= item["rank"] <= 4
         assert item["prompt_tokens"] <= 2500 - {"vt": 30, "cwe": 120, "fwe": 50}.get(name, 128)
+        assert cell["n"] == 1 and 0 <= cell["interval"][0] <= cell["score"] <= cell["interval"][1] <= 100
     summary = entry["ruler"]
-    assert summary["threshold"] == 85.6 and set(summary["average"]) == {"2500"}
+    assert summary["threshold"] == 85.6 and set(summary["average"]) == {"2500"} and summary["complete"]
+    assert summary["bos"] == "none" and summary["haystack_repeats"] == []
     stored = json.loads((out / "longctx.json").read_text())
     assert stored["runs"][0]["ruler"]["effective_length_text"] == summary["effective_length_text"]
+    assert stored["settings"]["haystack"] == "wiki-prose" and stored["haystack"]["name"] == "wiki-prose"
     table = (out / "longctx.md").read_text()
-    assert "## RULER" in table and "| niah_multikey_3 |" in table and "| average |" in table
+    assert "## RULER" in table and "| niah_multikey_3 |" in table and "| RULER-11 (synthetic, no QA) |" in table
     assert f"**{summary['effective_length_text']}**" in table and "answer rank (MRR)" in table
+    assert "85.6 is Llama-2-7B-chat's mean score over RULER's 13 tasks" in table and "chat template" in table
+    assert "95% Wilson score interval" in table and "BOS: none." in table
+    assert "Essay haystack (niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery): " \
+           "**wiki-prose**, Wikipedia lead sections" in table
+    score = entry["tasks"]["vt"]["cells"][0]
+    assert f"| vt | {score['score']:.1f} ({score['interval'][0]:.1f}–{score['interval'][1]:.1f}, n=1) |" in table
 
 
 def test_cli_mixes_passkey_and_ruler_and_takes_a_threshold(run, tmp_path, capsys):
@@ -126,18 +137,45 @@ def test_cli_mixes_passkey_and_ruler_and_takes_a_threshold(run, tmp_path, capsys
     assert main(args + ["--out", str(tmp_path / "ok")]) == 0
     printed = capsys.readouterr().out
     assert "| passkey | exact match ↑ | 2500 |" in printed and "| niah_single_1 |" in printed and "| vt |" in printed
-    assert "above 0)" in printed
+    assert "No RULER-11 (synthetic, no QA) mean and no effective length: they need all 11 tasks, and 2 ran." in printed
+    assert "| RULER-11" not in printed and "Effective length" not in printed
+    assert "Essay haystack: wiki-prose (none of the tasks run uses it)." in printed
     stored = json.loads((tmp_path / "ok" / "longctx.json").read_text())
     assert stored["runs"][0]["ruler"]["tasks"] == ["niah_single_1", "vt"]
+    assert not {"average", "effective_length", "threshold"} & set(stored["runs"][0]["ruler"])
+
+
+def test_cli_reads_ruler_s_essay_file_and_warns_when_the_haystack_repeats(run, tmp_path, capsys):
+    essays = tmp_path / "PaulGrahamEssays.json"
+    essays.write_text(json.dumps({"text": "Startups are hard. Most of them fail, and that is normal.\n\nWork on it."}))
+    args = ["eval", "longctx", str(run), "--tasks", "niah_single_2,niah_single_1", "--lengths", "1000,1500",
+            "--items", "1", "--distractors", "2", "--loss-windows", "0", "--haystack", str(essays), "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"ropelab: warning: niah_single_2 at {n} tokens: the essay haystack {essays} runs out of text and repeats it"
+        for n in (1000, 1500)]
+    stored = json.loads((tmp_path / "out" / "longctx.json").read_text())
+    assert stored["settings"]["haystack"] == str(essays) and stored["haystack"]["name"] == str(essays)
+    assert stored["runs"][0]["ruler"]["haystack_repeats"] == [{"task": "niah_single_2", "length": n} for n in (1000, 1500)]
+    assert stored["runs"][0]["tasks"]["niah_single_2"]["cells"][0]["items"][0]["haystack_repeats"]
+    assert f"Essay haystack (niah_single_2): **{essays}**, the essay file {essays} (14 words" in captured.out
+    assert "repeats its text (the haystack needs more words than it has) in: niah_single_2 at 1000, " \
+           "niah_single_2 at 1500." in captured.out
 
 
 @pytest.mark.parametrize("option, value, key", [
     ("--tasks", "niah_single_1,niah_single_9", "niah_single_9"), ("--threshold", "101", "threshold=101.0"),
-    ("--threshold", "-1", "threshold=-1.0"),
+    ("--threshold", "-1", "threshold=-1.0"), ("--haystack", "essays.json", "haystack=essays.json: not a built-in"),
+    ("--haystack", "BAD_JSON", "not a JSON file"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_key(run, tmp_path, capsys, option, value, key):
+    if value == "BAD_JSON":
+        value = str(tmp_path / "essays.json")
+        (tmp_path / "essays.json").write_text('{"text": "unfinished')
+    essay_task = ["--tasks", "niah_single_2"] if option == "--haystack" else []
     args = ["eval", "longctx", str(run), "--lengths", "2500", "--loss-windows", "0", "--no-progress", option, value,
-            "--out", str(tmp_path / "bad")]
+            *essay_task, "--out", str(tmp_path / "bad")]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and key in err

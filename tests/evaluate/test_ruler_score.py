@@ -1,14 +1,36 @@
-"""RULER's scoring on hand-made outputs (the values RULER's own `string_match_all` gives), the average
-per length and the effective length."""
+"""RULER's scoring on cases worked from RULER's own definitions (string_match_all and string_match_part
+in its scripts/eval/synthetic/constants.py, the metric of each task in fixtures/ruler/synthetic_tasks.yaml),
+the Wilson interval every cell carries, the RULER-11 mean per length and the effective length."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from ropelab.evaluate.ruler_items import RULER_TASK_NAMES
 from ropelab.evaluate.ruler_score import (
-    effective_length, effective_length_text, length_averages, postprocess, ruler_summary, share_found,
-    string_match_all, summarize_ruler_cell,
+    RULER_11, effective_length, effective_length_text, length_averages, postprocess, ruler_summary, share_found,
+    string_match_all, summarize_ruler_cell, wilson_interval,
 )
+
+RULER_TABLE = yaml.safe_load((Path(__file__).parent / "fixtures" / "ruler" / "synthetic_tasks.yaml").read_text())
+
+
+def test_every_task_run_is_scored_by_string_match_all_as_ruler_scores_it():
+    metrics = {RULER_TABLE["base_tasks"][RULER_TABLE["tasks"][name]["task"]]["metric"] for name in RULER_TASK_NAMES}
+    assert metrics == {"string_match_all"}  # string_match_part is for the QA tasks only
+
+
+def test_string_match_all_differs_from_string_match_part_where_ruler_s_do():
+    # RULER: string_match_part = 100 x mean over items of max over references of (found), so one
+    # reference of two found scores 100 there and 50 in string_match_all
+    outputs, references = ["the words are apple and pear"], [["apple", "plum"]]
+    assert string_match_all(outputs, references) == 50.0
+    outputs, references = ["apple", "nothing", "Plum, apple"], [["apple", "plum"], ["x"], ["APPLE", "plum", "fig"]]
+    # worked by hand: all = (1/2 + 0 + 2/3) / 3 = 38.89; part would be (1 + 0 + 1) / 3 = 66.67
+    assert string_match_all(outputs, references) == 38.89
 
 
 def test_string_match_all_on_hand_made_outputs():
@@ -45,7 +67,21 @@ def test_cell_summary_scores_and_ranks():
     results = [{"output": "A b", "references": ["a", "c"], "rank": 1.0, "top1": True},
                {"output": "c", "references": ["c"], "rank": 4.0, "top1": False}]
     summary = summarize_ruler_cell(results)
-    assert summary == {"score": 75.0, "mrr": pytest.approx((1 + 0.25) / 2), "acc_at_1": 0.5, "mean_rank": 2.5}
+    low, high = wilson_interval(0.75, 2)
+    assert summary == {"score": 75.0, "n": 2, "interval": [round(100 * low, 2), round(100 * high, 2)],
+                       "mrr": pytest.approx((1 + 0.25) / 2), "acc_at_1": 0.5, "mean_rank": 2.5}
+
+
+Z2 = 1.959963984540054**2
+
+
+@pytest.mark.parametrize("mean, n, expected", [
+    (0.0, 10, (0.0, Z2 / (10 + Z2))),  # none of n: the upper end is z^2 / (n + z^2)
+    (1.0, 1, (1 / (1 + Z2), 1.0)),  # one of one: the lower end is 1 / (1 + z^2)
+    (0.5, 10, (0.2366, 0.7634)),  # worked by hand: 0.5 -+ z / (1 + z^2/10) * sqrt(0.025 + z^2 / 400)
+])
+def test_wilson_interval_on_worked_cases(mean, n, expected):
+    assert wilson_interval(mean, n) == pytest.approx(expected, abs=5e-5)
 
 
 def test_average_per_length_is_the_mean_over_tasks():
@@ -53,9 +89,18 @@ def test_average_per_length_is_the_mean_over_tasks():
              "b": {"cells": [cell(1024, 80.0, [1]), cell(2048, 20.0, [2])]},
              "c": {"cells": [cell(1024, 0.0, [3]), cell(2048, 0.0, [3])]}}
     assert length_averages(tasks, ["a", "b"]) == {1024: 90.0, 2048: 35.0}
-    summary = ruler_summary(tasks, ["a", "b"], 85.6)
-    assert summary["average"] == {"1024": 90.0, "2048": 35.0}
+
+
+def test_ruler_11_mean_and_effective_length_only_when_all_eleven_tasks_ran():
+    tasks = {name: {"cells": [cell(1024, 100.0 if k < 10 else 0.0, [1]), cell(2048, 50.0, [1])]}
+             for k, name in enumerate(RULER_TASK_NAMES)}
+    summary = ruler_summary(tasks, RULER_TASK_NAMES, 85.6)
+    assert RULER_11 == "RULER-11 (synthetic, no QA)" and summary["mean_name"] == RULER_11 and summary["complete"]
+    assert summary["average"] == {"1024": pytest.approx(1000 / 11), "2048": 50.0}
     assert summary["effective_length"] == 1024 and summary["effective_length_text"] == "1024"
+    assert "Wilson" in summary["interval"]
+    partial = ruler_summary(tasks, RULER_TASK_NAMES[:10], 85.6)
+    assert partial == {"tasks": list(RULER_TASK_NAMES[:10]), "interval": summary["interval"], "complete": False}
 
 
 @pytest.mark.parametrize("averages, threshold, expected, text", [

@@ -1,19 +1,34 @@
 """RULER's generators: every task hides its answers in a prompt that fills its length in tokens, as
-RULER's templates and parameters say; items are a function of the seed."""
+RULER's templates and parameters say; items are a function of the seed. RULER's own behaviour is
+the reference: its task table (fixtures/ruler/synthetic_tasks.yaml) and the prompts of its generator
+scripts, values masked (fixtures/ruler/prompt_skeletons.json); common words past wonderwords' lists;
+the BOS its Hugging Face path feeds; the shortest length a refusal suggests."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from tokenizers import processors
 
-from ropelab.data.tokenizer import ByteTokenizer
+from ropelab.data.tokenizer import ByteTokenizer, HFTokenizer
 from ropelab.errors import ConfigError
-from ropelab.evaluate.ruler_items import RULER_TASK_NAMES, build_ruler_items
-from ropelab.evaluate.ruler_tasks import CWE_PROMPT, NEEDLE, RULER_TASKS, largest_fitting, niah_prompt
-from ropelab.evaluate.ruler_text import NOISE, essay_sentences, essay_words, prose_paragraphs, word_list
+from ropelab.evaluate.ruler_items import RULER_TASK_NAMES, bos_description, bos_prefix, build_ruler_items
+from ropelab.evaluate.ruler_tasks import (
+    CWE_PROMPT, NEEDLE, RULER_TASKS, CommonWords, FrequentWords, Niah, VariableTracking, largest_fitting, niah_prompt,
+)
+from ropelab.evaluate.ruler_text import NOISE, common_words, more_common_words, word_list
+
+from tests.evaluate.ruler_skeleton import skeleton
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ruler"
+RULER_TABLE = yaml.safe_load((FIXTURES / "synthetic_tasks.yaml").read_text())
+SKELETONS = json.loads((FIXTURES / "prompt_skeletons.json").read_text())["tasks"]
 
 BYTES = ByteTokenizer()  # one token per byte: lengths below are in bytes
 LENGTHS = {"vt": (2500, 4000), "cwe": (2000, 3500)}  # vt's worked example alone is about 900 bytes
@@ -50,9 +65,38 @@ def test_items_depend_on_the_seed_only(task):
     assert a[0].references != a[1].references  # items of one length differ too
 
 
-def test_max_new_tokens_are_ruler_s():
-    assert {name: task.max_new_tokens for name, task in RULER_TASKS.items()} == {
-        **{name: 128 for name in RULER_TASK_NAMES if name.startswith("niah")}, "vt": 30, "cwe": 120, "fwe": 50}
+def ruler_arguments(task) -> tuple[str, dict]:
+    """The base task and arguments RULER's synthetic.yaml would give `task`."""
+    if isinstance(task, Niah):
+        return "niah", {"type_haystack": task.haystack, "type_needle_k": task.key_kind, "type_needle_v": task.value_kind,
+                        "num_needle_k": task.keys, "num_needle_v": task.values, "num_needle_q": task.queries}
+    if isinstance(task, VariableTracking):
+        return "variable_tracking", {"type_haystack": "noise", "num_chains": task.chains, "num_hops": task.hops}
+    if isinstance(task, CommonWords):
+        return "common_words_extraction", {"freq_cw": task.freq_cw, "freq_ucw": task.freq_ucw, "num_cw": task.num_cw}
+    assert isinstance(task, FrequentWords)
+    return "freq_words_extraction", {"alpha": task.alpha}
+
+
+def test_task_table_is_ruler_s_synthetic_yaml():
+    assert RULER_TASK_NAMES == tuple(RULER_TABLE["tasks"])  # RULER's 11 synthetic tasks, in its order
+    for name, task in RULER_TASKS.items():
+        base, arguments = ruler_arguments(task)
+        assert {"task": base, "args": arguments} == RULER_TABLE["tasks"][name], name
+        assert task.max_new_tokens == RULER_TABLE["base_tasks"][base]["tokens_to_generate"], name
+
+
+def prompt_of(task: str, length: int, seed: int = 0) -> str:
+    (item,) = items_of(task, seed, items=1, lengths=(length,))
+    return text(item)
+
+
+@pytest.mark.parametrize("task, length", [("niah_single_1", 3000), ("niah_multikey_2", 3000), ("niah_multikey_3", 4000),
+                                          ("vt", 4000), ("cwe", 9000), ("fwe", 3000)])
+def test_prompts_match_the_skeletons_of_ruler_s_generator(task, length):
+    expected = SKELETONS[task]
+    for seed in (0, 1):
+        assert skeleton(prompt_of(task, length, seed)) == (expected["skeleton"], expected["noise_lines"])
 
 
 def test_niah_template_singular_and_plural_read_as_ruler_s():
@@ -92,20 +136,6 @@ def test_niah_variants_hold_ruler_s_needles():
                                    for pair in found for v in pair)
     (uuid_item,) = items_of("niah_single_3", items=1, lengths=(1500,))
     assert "special magic uuid for" in text(uuid_item) and len(uuid_item.references[0]) == 36
-
-
-def test_essay_haystack_is_prose_from_the_built_in_corpus():
-    (item,) = items_of("niah_single_2", items=1, lengths=(1500,))
-    prompt = text(item)
-    context = prompt.split("afterwards.\n", 1)[1].rsplit("\nWhat is", 1)[0]
-    assert context[0].isupper() and len(context.split()) > 100 and NOISE not in prompt
-    pool = " ".join(essay_words())
-    first_words = " ".join(context.split()[:8])
-    assert first_words in pool and len(essay_words()) >= 25_000
-    assert prose_paragraphs(">>> f(1)\n1\n\nShort.\n\nThis paragraph is long enough to count as prose, and it ends "
-                            "with a full stop as sentences do.") == [
-        "This paragraph is long enough to count as prose, and it ends with a full stop as sentences do."]
-    assert essay_sentences(0, 40)[0][0].isupper()
 
 
 def test_variable_tracking_chain_and_worked_example():
@@ -172,3 +202,51 @@ def test_candidates_rank_the_true_answer_against_answers_of_its_form():
     positions = [text(item).index(v) for v in true.strip().split(", ")]
     assert positions == sorted(positions)  # in the order the prompt holds them
     assert np.all([len(BYTES.decode(c).split(", ")) == 4 for c in item.candidates])
+
+
+def test_common_words_past_wonderwords_come_from_the_second_list_as_ruler_s_do():
+    first, second = common_words(), more_common_words()
+    assert len(first) == 8166 and len(second) == 234_450 and all(re.fullmatch(r"[a-z]+", w) for w in second)
+    (item,) = items_of("cwe", items=1, lengths=(480_000,))  # past the 8,166 words of the first list
+    listed = re.findall(r"\d+\. (\S+)", text(item).rsplit("Below is a numbered list", 1)[1].split("\nQuestion")[0])
+    counts = Counter(listed)
+    assert item.haystack == len(counts) > len(first) and item.length - item.max_new_tokens - len(item.prompt) < 150
+    assert set(counts) <= set(second) and not set(counts) <= set(first)  # every word from the second list
+    assert {w for w, c in counts.items() if c == 30} == set(item.references) and set(counts.values()) == {30, 3}
+    (below,) = items_of("cwe", items=1, lengths=(400_000,))  # the first list holds all it needs
+    assert below.haystack <= len(first) and set(below.references) <= set(first)
+
+
+def byte_tokenizer(bos: bool) -> HFTokenizer:
+    """ropelab's byte tokenizer as a `tokenizers.Tokenizer`, with a post-processor putting <|bos|> first or none."""
+    backend = ByteTokenizer().to_tokenizers()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 257)])
+    return HFTokenizer(backend, "bytes+bos" if bos else "bytes")
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "vt"])
+def test_prompts_start_with_the_bos_the_tokenizer_adds_by_default(task):
+    with_bos, without = byte_tokenizer(True), byte_tokenizer(False)
+    assert bos_prefix(with_bos) == [257] and bos_description(with_bos) == "added by the tokenizer's default (<|bos|>)"
+    assert bos_prefix(without) == bos_prefix(BYTES) == [] and bos_description(without) == "none"
+    length = LENGTHS.get(task, (1200,))[0]
+    for item in build_ruler_items(with_bos, task, (length,), 2, 0, 5):
+        assert item.prompt[0] == 257 and 257 not in item.prompt[1:] and len(item.prompt) + item.max_new_tokens <= length
+        assert with_bos.decode(item.prompt[1:].tolist()).startswith(("A special magic", "Memorize and track"))
+    assert all(item.prompt[0] != 257 for item in build_ruler_items(without, task, (length,), 2, 0, 5))
+
+
+def test_the_length_a_refusal_suggests_is_accepted():
+    for task, items in (("niah_single_1", 1), ("niah_multikey_1", 3), ("niah_multivalue", 3), ("cwe", 2)):
+        with pytest.raises(ConfigError) as refusal:
+            build_ruler_items(BYTES, task, (300,), items, 0, 3)
+        message = str(refusal.value)
+        smallest, new = map(int, re.search(r"\((\d+) tokens with the smallest haystack\) and its (\d+) new", message).groups())
+        suggested = int(re.search(r"use longer lengths, e\.g\. (\d+), which holds", message)[1])
+        assert suggested >= smallest + new
+        assert len(build_ruler_items(BYTES, task, (suggested,), items, 0, 3)) == items
+    # items change with the length, so the smallest prompt at 300 tokens plus the new tokens, the length
+    # the message used to imply, is refused here (the other items at that length are longer)
+    with pytest.raises(ConfigError, match="lengths: 714 tokens cannot hold a niah_multikey_1 prompt"):
+        build_ruler_items(BYTES, "niah_multikey_1", (586 + 128,), 3, 0, 3)

@@ -69,8 +69,12 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
                                                           "prompt and its new tokens (default 256,512,1k,2k,4k)")
     p.add_argument("--depths", type=numbers, help="needle positions in the haystack, 0 = start, 1 = end (default 0,0.25,0.5,0.75,1)")
     p.add_argument("--items", type=int, help="items per (length, depth) cell; per length for RULER's tasks (default 2)")
-    p.add_argument("--threshold", type=float, help="RULER's effective length: the longest length whose average score "
-                                                     "(%%) is above this (default 85.6, Llama-2-7B at 4K in the paper)")
+    p.add_argument("--threshold", type=float, help="RULER's effective length: the longest length whose RULER-11 mean "
+                                                     "(%%) is above this (default 85.6: Llama-2-7B-chat's mean over RULER's "
+                                                     "13 tasks at 4K under its chat template)")
+    p.add_argument("--haystack", help="the essay haystack of niah_single_2/3, niah_multikey_1, niah_multivalue and "
+                                      "niah_multiquery: wiki-prose (default, Wikipedia lead sections), stdlib-prose, or "
+                                      "the path of RULER's own PaulGrahamEssays.json to reproduce RULER's haystacks")
     p.add_argument("--distractors", type=int, help="wrong answers the true one is ranked against (default 9)")
     p.add_argument("--digits", type=int, help="digits of the answer (default 5)")
     p.add_argument("--loss-length", type=int, help="loss-by-position window in tokens (default: the longest length; 0: skip)")
@@ -83,8 +87,8 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
 def cmd_eval_longctx(args: argparse.Namespace) -> int:
     from ropelab.evaluate.longctx import evaluate_longctx
 
-    names = ("tasks", "lengths", "depths", "items", "threshold", "distractors", "digits", "loss_length", "loss_windows",
-             "seed", "batch_size", "device")
+    names = ("tasks", "lengths", "depths", "items", "threshold", "haystack", "distractors", "digits", "loss_length",
+             "loss_windows", "seed", "batch_size", "device")
     return _evaluate_sources(args, names, evaluate_longctx, "longctx.md")
 
 

@@ -33,6 +33,7 @@ then evaluates run by run and writes the reports of `ropelab.evaluate.longctx_re
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,10 @@ from ropelab.evaluate.longctx_items import (
     Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
 from ropelab.evaluate.ruler_eval import ruler_cell, ruler_task_result
-from ropelab.evaluate.ruler_items import build_ruler_items
+from ropelab.evaluate.ruler_essay import essay_text
+from ropelab.evaluate.ruler_items import bos_description, build_ruler_items
 from ropelab.evaluate.ruler_score import ruler_summary
-from ropelab.evaluate.ruler_tasks import RULER_TASKS
+from ropelab.evaluate.ruler_tasks import ESSAY_TASKS, RULER_TASKS
 from ropelab.evaluate.trained_context import trained_length
 
 # ------------------------------------------------------------------ scoring
@@ -200,7 +202,10 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
         for task in settings.tasks:
             if task in RULER_TASKS:
                 items[task] = build_ruler_items(tokenizer, task, settings.lengths, settings.items, settings.seed,
-                                                settings.distractors)
+                                                settings.distractors, settings.haystack)
+                for length in sorted({it.length for it in items[task] if it.haystack_repeats}):
+                    print(f"ropelab: warning: {task} at {length} tokens: the essay haystack {settings.haystack} runs "
+                          "out of text and repeats it", file=sys.stderr)
             else:
                 source = haystack_source(tokenizer, task, validation, max(settings.lengths))
                 items[task] = build_items(tokenizer, task, source, settings)
@@ -271,7 +276,9 @@ def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device
             entry["tasks"][task] = {"items_fingerprint": items_fingerprint(items), **summarize_cell(every), "cells": cells}
     ruler = [task for task in settings.tasks if task in RULER_TASKS]
     if ruler:
-        entry["ruler"] = ruler_summary(entry["tasks"], ruler, settings.threshold)
+        repeats = sorted({(it.task, it.length) for task in ruler for it in run.items[task] if it.haystack_repeats})
+        entry["ruler"] = {**ruler_summary(entry["tasks"], ruler, settings.threshold), "bos": bos_description(tokenizer),
+                          "haystack_repeats": [{"task": task, "length": length} for task, length in repeats]}
     if settings.loss_tokens:
         progress.update(task_id, description=f"{run.label} loss by position")
         windows, single = position_windows(run.validation, settings.loss_tokens, settings.loss_windows, settings.seed)
@@ -318,6 +325,9 @@ def evaluate_longctx(
         for run in runs:
             entries.append(_evaluate_run(run, settings, target, bar, task_id))
     results = {"settings": dataclasses.asdict(settings), "runs": entries}
+    if any(task in ESSAY_TASKS for task in settings.tasks):
+        essay = essay_text(settings.haystack)
+        results["haystack"] = {"name": essay.name, "description": essay.description}
     write_reports(results, out_dir)
     return results
 

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.evaluate.ruler_essay import DEFAULT_HAYSTACK, check_haystack
 from ropelab.evaluate.ruler_score import DEFAULT_THRESHOLD
 from ropelab.evaluate.ruler_tasks import RULER_TASKS
 
@@ -74,7 +75,8 @@ class LongContextSettings:
     loss_buckets: int = 12
     seed: int = 0
     batch_size: int = 8  # prompts (or loss-by-position windows) per forward pass
-    threshold: float = DEFAULT_THRESHOLD  # RULER's effective length: the longest length whose average beats it
+    threshold: float = DEFAULT_THRESHOLD  # RULER's effective length: the longest length whose RULER-11 mean beats it
+    haystack: str = DEFAULT_HAYSTACK  # RULER's essay haystack: wiki-prose, stdlib-prose or RULER's PaulGrahamEssays.json
 
     def validate(self) -> "LongContextSettings":
         self.tasks = tuple(name for task in self.tasks for name in (RULER_TASKS if task == RULER else (task,)))
@@ -84,6 +86,7 @@ class LongContextSettings:
                               f"(all of RULER's tasks) or any of {', '.join(RULER_TASKS)}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 100:
             raise ConfigError(f"threshold={self.threshold}: must be in [0, 100] (an average RULER score in percent)")
+        check_haystack(self.haystack)
         if not self.lengths or min(self.lengths) < 1:
             raise ConfigError(f"lengths={list(self.lengths)}: need one or more context lengths >= 1 token")
         for key in ("tasks", "lengths", "depths"):

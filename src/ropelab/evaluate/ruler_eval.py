@@ -63,7 +63,7 @@ def score_ruler_items(model, items: Sequence[RulerItem], tokenizer, device="cpu"
         results.append({
             "index": item.index, "references": item.references, "output": output,
             "score": 100 * share_found(output, item.references), "rank": rank, "top1": rank == 1.0,
-            "prompt_tokens": len(item.prompt), "haystack": item.haystack,
+            "prompt_tokens": len(item.prompt), "haystack": item.haystack, "haystack_repeats": item.haystack_repeats,
         })
     return results
 

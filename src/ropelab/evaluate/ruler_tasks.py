@@ -1,20 +1,24 @@
 """RULER's synthetic tasks (Hsieh et al. 2024, arXiv 2404.06654) with RULER's names, parameters and prompts.
 
   niah_single_1/2/3          one needle, "One of the special magic numbers for <key> is: <value>.",
-                             in noise / essay / essay, values 7-digit numbers / numbers / UUIDs;
+                             in noise / essay / essay, values 7-digit numbers / numbers / UUIDs (the
+                             essay haystack: `ropelab.evaluate.ruler_essay`);
   niah_multikey_1/2/3        the queried needle among 3 more needles in an essay, or in a haystack made
                              only of needles (keys words / UUIDs, values numbers / UUIDs);
   niah_multivalue            one key holding 4 values; niah_multiquery: 4 keys asked at once;
   vt                         variable tracking: a chain "VAR A = 12345", "VAR B = VAR A", ... (4 hops)
                              in noise, after one worked example of about 500 tokens; find every name;
   cwe                        common words: a numbered list where 10 words come 30 times and the rest
-                             3 times (6 and 1 below 4,096 tokens), after one worked example;
+                             3 times (6 and 1 below 4,096 tokens), after one worked example; the words
+                             come from wonderwords' lists, or all from a second, larger English list
+                             when the list needs more distinct words than those hold (as RULER does);
   fwe                        frequent words: coded words drawn from a Zeta(2) distribution (the most
                              frequent one is "..." noise); name the three next most frequent.
 
 A task gives, for an item's seed, a `Plan`: a function of the haystack size (sentences, words, list
 entries or coded words) that returns the whole prompt (instruction, context, question and RULER's
-answer prefix, which ends the prompt), the references the output is scored against, and answer
+answer prefix, which ends the prompt), the references the output is scored against, whether an essay
+haystack repeats its text, and answer
 candidates for the log-likelihood rank: the true one (the references in the order they occur in the
 prompt) and wrong ones of the same form, taken from the prompt where it holds such values (the other
 needles' values, the less common words) and drawn at random otherwise. Everything but the haystack
@@ -31,8 +35,9 @@ from typing import Callable, Optional, Union
 import numpy as np
 from scipy.special import zeta
 
+from ropelab.evaluate.ruler_essay import EssayText
 from ropelab.evaluate.ruler_text import (
-    DEPTHS, NOISE, common_words, distinct_names, distinct_values, essay_sentences, essay_words, insert_lines,
+    DEPTHS, NOISE, common_words, distinct_names, distinct_values, insert_lines, more_common_words,
 )
 
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
@@ -44,6 +49,7 @@ class Sample:
     text: str  # the whole prompt, ending with RULER's answer prefix
     references: list[str]  # scored against the output (string_match_all)
     candidates: list[str]  # continuations ranked by log-likelihood; [0] is the true one
+    repeats: bool = False  # an essay haystack that needed more words than its text has
 
 
 @dataclass
@@ -111,7 +117,7 @@ class Niah:
     queries: int = 1
     max_new_tokens: int = 128
 
-    def plan(self, seed: list[int], length: int, distractors: int, count_tokens) -> Plan:
+    def plan(self, seed: list[int], length: int, distractors: int, count_tokens, essay: Optional[EssayText]) -> Plan:
         rng = rng_of(seed, 0)
         n_keys = max(self.keys, self.queries)
         keys = distinct_values(rng, self.key_kind, n_keys)
@@ -125,21 +131,23 @@ class Niah:
         singular = self.queries * self.values == 1
 
         def sample(size: int) -> Sample:
-            context, others = self._context(seed, size, needles, used)
+            context, others = self._context(seed, size, needles, used, essay)
             others += [v for i, vs in enumerate(values) if i not in asked for v in vs]
             text = niah_prompt(self.value_kind, singular, context, query)
             true = _in_order(text, references)
             fresh = lambda n: distinct_values(rng_of(seed, 4), self.value_kind, n, used)  # noqa: E731
             wrong = _wrong_candidates(rng_of(seed, 3), others, fresh, len(true), distractors, lambda vs: " " + ", ".join(vs))
-            return Sample(text, references, [" " + ", ".join(true), *wrong])
+            repeats = self.haystack == "essay" and essay.repeats(size)
+            return Sample(text, references, [" " + ", ".join(true), *wrong], repeats)
 
         return Plan(sample, min_size=len(needles))
 
-    def _context(self, seed: list[int], size: int, needles: list[str], used: frozenset[str]) -> tuple[str, list[str]]:
-        """The haystack of `size` sentences (noise, needles) or words (essay) with the needles in it,
+    def _context(self, seed: list[int], size: int, needles: list[str], used: frozenset[str],
+                 essay: Optional[EssayText]) -> tuple[str, list[str]]:
+        """The haystack of `size` sentences (noise, needles) or words (of `essay`) with the needles in it,
         and the values of the haystack's own needles."""
         if self.haystack == "essay":
-            sentences = essay_sentences(int(rng_of(seed, 1).integers(len(essay_words()))), size)
+            sentences = essay.sentences(essay.start(rng_of(seed, 1)), size)
             depths = rng_of(seed, 2).choice(DEPTHS, len(needles), replace=False)
             cuts = [0, *sorted(int(len(sentences) * d / 100) for d in depths), len(sentences)]
             pieces = []
@@ -196,7 +204,7 @@ class VariableTracking:
                 f"Answer: According to the chain(s) of variable assignment in the text above, {self.hops + 1} "
                 f"variables are assigned the value {value}, they are: ")
 
-    def plan(self, seed: list[int], length: int, distractors: int, count_tokens) -> Plan:
+    def plan(self, seed: list[int], length: int, distractors: int, count_tokens, essay: Optional[EssayText]) -> Plan:
         example_seed = [*seed, 5]
         ex_groups, ex_lines, ex_value = self._chains(rng_of(example_seed, 0), 3)
         min_size = (self.hops + 1) * self.chains
@@ -239,26 +247,27 @@ class CommonWords:
         entries = words[: self.num_cw] * repeats[0] + words[self.num_cw :] * repeats[1]
         return [entries[i] for i in rng.permutation(len(entries))]
 
-    def plan(self, seed: list[int], length: int, distractors: int, count_tokens) -> Plan:
+    def plan(self, seed: list[int], length: int, distractors: int, count_tokens, essay: Optional[EssayText]) -> Plan:
         pool = common_words()
         short = length < 4096  # RULER's lighter repeats for short contexts
         example_words = [pool[i] for i in rng_of(seed, 5).choice(len(pool), 20 if short else 40, replace=False)]
         example_list = self._shuffled(rng_of(seed, 6), example_words, (3, 1) if short else (10, 3))
         example = CWE_PROMPT.format(context=numbered(example_list)) + " " + numbered(example_words[: self.num_cw])
-        order = rng_of(seed, 0).permutation(len(pool))
         repeats = (6, 1) if short else (self.freq_cw, self.freq_ucw)
 
         def sample(size: int) -> Sample:
-            words = [pool[i] for i in order[:size]]
+            source, stream = (pool, 0) if size <= len(pool) else (more_common_words(), 7)
+            order = rng_of(seed, stream).permutation(len(source))
+            words = [source[i] for i in order[:size]]
             entries = self._shuffled(rng_of(seed, 2, size), words, repeats)
             text = example + "\n" + CWE_PROMPT.format(context=numbered(entries))
             references = words[: self.num_cw]
             true = sorted(references, key=entries.index)
-            wrong = _wrong_candidates(rng_of(seed, 3), words[self.num_cw :], lambda n: [pool[i] for i in order[size : size + n]],
+            wrong = _wrong_candidates(rng_of(seed, 3), words[self.num_cw :], lambda n: [source[i] for i in order[size : size + n]],
                                       self.num_cw, distractors, lambda vs: " " + numbered(vs))
             return Sample(text, references, [" " + numbered(true), *wrong])
 
-        return Plan(sample, min_size=self.num_cw + 1, max_size=len(pool))
+        return Plan(sample, min_size=self.num_cw + 1, max_size=len(more_common_words()))
 
 
 # ------------------------------------------------------------------ frequent words extraction
@@ -276,7 +285,7 @@ class FrequentWords:
     word_length: int = 6
     max_new_tokens: int = 50
 
-    def plan(self, seed: list[int], length: int, distractors: int, count_tokens) -> Plan:
+    def plan(self, seed: list[int], length: int, distractors: int, count_tokens, essay: Optional[EssayText]) -> Plan:
         vocab_size = max(8, (length - self.max_new_tokens) // 50)  # RULER: the budget // 50
         vocab = ["..."] + distinct_names(rng_of(seed, 0), vocab_size - 1, self.word_length, string.ascii_lowercase)
         rank_weight = np.arange(1, vocab_size + 1, dtype=np.float64) ** -self.alpha / zeta(self.alpha)
@@ -308,3 +317,4 @@ RULER_TASKS: dict[str, RulerTask] = {
     "cwe": CommonWords(),
     "fwe": FrequentWords(),
 }
+ESSAY_TASKS = tuple(name for name, task in RULER_TASKS.items() if isinstance(task, Niah) and task.haystack == "essay")

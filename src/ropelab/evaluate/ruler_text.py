@@ -1,15 +1,13 @@
 """The raw material of RULER's synthetic tasks (Hsieh et al. 2024, arXiv 2404.06654), all offline.
 
   noise        RULER's repeated sentence, "The grass is green. The sky is blue. ...";
-  essay        English prose in place of RULER's Paul Graham essays: the paragraphs of the built-in
-               `stdlib-prose` corpus (the standard library's docstrings and comments, in path order)
-               that read as sentences: no doctest, shell or list lines, at least `MIN_WORDS` words,
-               mostly words that start with a letter, ending in . ! or ?. `ESSAY_WORDS` words of it
-               form a pool that haystacks are cut from (round and round, as RULER repeats its essays),
-               each from a sentence start at a word the item's seed picks (RULER starts every
-               haystack at the essays' first word);
+  essay        see `ropelab.evaluate.ruler_essay`;
   words        the word lists of the `wonderwords` package, as RULER draws them: adjective-noun pairs
-               for needle keys and values, single nouns, adjectives and verbs for common words;
+               for needle keys and values, single nouns, adjectives and verbs for common words; past
+               those (more than `len(common_words())` distinct words, about 190k tokens), RULER takes
+               every word of a common-words list from a second, larger English list (its
+               json/english_words.json, kept in Git LFS): here the lowercase words of the `web2`
+               list (Webster's Second International, 234,450 words) of the `english-words` package;
   values       7-digit numbers, UUIDs (version 4), variable names of capital letters, coded words.
 
 Every draw takes a `numpy.random.Generator`, so an item is a function of its seed.
@@ -17,58 +15,16 @@ Every draw takes a `numpy.random.Generator`, so an item is a function of its see
 
 from __future__ import annotations
 
-import re
 import string
 import uuid
 from functools import lru_cache
 from importlib import resources
 
 import numpy as np
-
-from ropelab.data.corpus import stdlib_entries
-from ropelab.data.prose import stdlib_prose
+from english_words import get_english_words_set
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-ESSAY_WORDS = 25_000
-MIN_WORDS = 12
 DEPTHS = np.round(np.linspace(0, 100, 40)).astype(int)  # RULER's needle depths in percent of the sentences
-_NOT_PROSE = (">>>", "...", "$", "-", "*", "|", "+", "=")  # doctest, shell, list and table lines
-_SENTENCE_END = re.compile(r"[.!?][\"')]?$")
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
-
-
-def prose_paragraphs(document: str) -> list[str]:
-    """The paragraphs of a `stdlib-prose` document that read as sentences, whitespace collapsed."""
-    kept = []
-    for paragraph in document.split("\n\n"):
-        words = paragraph.split()
-        if (len(words) >= MIN_WORDS and sum(w[:1].isalpha() for w in words) >= 0.85 * len(words)
-                and _SENTENCE_END.search(paragraph.strip())
-                and not any(line.lstrip().startswith(_NOT_PROSE) for line in paragraph.splitlines())):
-            kept.append(" ".join(words))
-    return kept
-
-
-@lru_cache(maxsize=1)
-def essay_words() -> tuple[str, ...]:
-    """The essay pool: about `ESSAY_WORDS` words of prose paragraphs, documents in path order."""
-    words: list[str] = []
-    for _, path in stdlib_entries():
-        for paragraph in prose_paragraphs(stdlib_prose(path)):
-            words += paragraph.split()
-        if len(words) >= ESSAY_WORDS:
-            break
-    return tuple(words)
-
-
-def essay_sentences(start: int, count: int) -> list[str]:
-    """`count` words of the essay pool from the first sentence start at or after word `start` on
-    (wrapping around), split into sentences."""
-    pool = essay_words()
-    while not _SENTENCE_END.search(pool[start - 1]):  # pool[-1] ends a paragraph: word 0 starts a sentence
-        start = (start + 1) % len(pool)
-    words = [pool[(start + k) % len(pool)] for k in range(count)]
-    return _SENTENCE_BREAK.split(" ".join(words)) if words else []
 
 
 @lru_cache(maxsize=None)
@@ -82,6 +38,12 @@ def word_list(name: str) -> tuple[str, ...]:
 def common_words() -> tuple[str, ...]:
     """Nouns, adjectives and verbs together, distinct and sorted: the words of common-words extraction."""
     return tuple(sorted(set(word_list("noun")) | set(word_list("adjective")) | set(word_list("verb"))))
+
+
+@lru_cache(maxsize=1)
+def more_common_words() -> tuple[str, ...]:
+    """The second, larger list of common-words extraction: web2's lowercase words, sorted."""
+    return tuple(sorted(get_english_words_set(["web2"], lower=True, alpha=True)))
 
 
 def random_value(rng: np.random.Generator, kind: str) -> str:
