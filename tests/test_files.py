@@ -1,9 +1,13 @@
 """The checks of a command's --out folder and of folder names taken from configs."""
 
+import fcntl
+import os
+import subprocess
+
 import pytest
 
 from ropelab.config import ConfigError
-from ropelab.files import check_folder_name, output_folder, refuse_existing
+from ropelab.files import check_folder_name, new_folder, output_folder, refuse_existing
 
 OWN = ("result.json", "logs", "checkpoints/.tmp_*")
 
@@ -52,3 +56,23 @@ def test_folder_names_are_one_plain_component(name):
 
 def test_plain_folder_names_pass():
     assert check_folder_name("nope-seed1.5_x+y", "k") == "nope-seed1.5_x+y"
+
+
+def test_new_folder_removes_only_the_temporary_folders_of_killed_calls(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    abandoned = tmp_path / f".tmp_model_{gone.pid}"  # a call killed while building it
+    other_host = tmp_path / f".tmp_shared_{gone.pid}"  # a live call of another host: its pid means nothing here
+    unlocked = tmp_path / f".tmp_probe_{os.getpid()}"  # a live process's, built without the lock
+    kept = [other_host, unlocked, tmp_path / ".tmp_step_00000006", tmp_path / ".tmp_notes"]
+    for folder in (abandoned, *kept):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+    held = os.open(other_host, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with new_folder(tmp_path / "out") as tmp:
+            (tmp / "config.json").write_text("{}")
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(p.name for p in kept)])

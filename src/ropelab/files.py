@@ -4,7 +4,8 @@
                                 place, so a crash or a concurrent reader meets the old file or the
                                 new one, never half of one
   new_folder(out_dir)           a folder built under a temporary sibling name and renamed into place
-                                when complete; refuses an `out_dir` that exists and is not empty
+                                when complete; refuses an `out_dir` that exists and is not empty; removes
+                                the temporary siblings that killed calls left
   output_folder(out_dir, ...)   the check every writing command makes of its --out before it writes:
                                 not empty text, not a file, and no entry the command did not write
   check_folder_name(name, key)  a name from a config or the command line that names a folder inside
@@ -125,16 +126,58 @@ def refuse_existing(out_dir: str | Path) -> Path:
     return output_folder(out_dir, "this command")
 
 
+# new_folder's temporary folders, ".tmp_<name>_<pid>": a Linux pid has at most 7 digits (below 2**22) and no
+# leading zero, so a checkpoint being saved (".tmp_step_00000006", 8 digits) never matches
+_TEMP_FOLDER = re.compile(r"\.tmp_.+_([1-9][0-9]{0,6})")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _clear_abandoned(parent: Path) -> None:
+    """Remove from `parent` the temporary folders of `new_folder` calls that were killed before their rename
+    (SIGKILL; SIGTERM, whose default action runs no cleanup): those of a process that is gone and that no
+    process holds locked. Both, since neither alone is proof: a pid may be another host's on a shared file
+    system (its process holds the lock) or reused, and `ropelab probe` builds its folder under the same name
+    without a lock."""
+    for entry in sorted(parent.iterdir()):
+        found = _TEMP_FOLDER.fullmatch(entry.name)
+        if found is None or entry.is_symlink() or not entry.is_dir() or _process_alive(int(found[1])):
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:  # removed meanwhile by another caller
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(entry, ignore_errors=True)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+
+
 @contextmanager
 def new_folder(out_dir: str | Path) -> Iterator[Path]:
-    """A temporary sibling of `out_dir`, renamed to `out_dir` when the block succeeds (removed if not).
-    Nothing is ever overwritten: an `out_dir` that is filled meanwhile is refused too."""
+    """A temporary sibling of `out_dir`, renamed to `out_dir` when the block succeeds (removed if not), and
+    locked while it is built (`_clear_abandoned`, called first, leaves it alone). Nothing is ever overwritten:
+    an `out_dir` that is filled meanwhile is refused too."""
     out = refuse_existing(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    _clear_abandoned(out.parent)
     tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    held = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(held, fcntl.LOCK_EX)  # on the folder itself: a process killed in the block drops it
     try:
         yield tmp
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -143,3 +186,4 @@ def new_folder(out_dir: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        os.close(held)
