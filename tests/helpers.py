@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence
 
 import torch
 
@@ -34,41 +35,51 @@ def fit_lengths(lengths: list[int], T: int) -> list[int]:
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-def parity_tolerance(magnitude: float, layers: int, reduction: int, dtype: torch.dtype = torch.float32,
+def parity_tolerance(magnitude: float, layers: int, sums: Sequence[int], dtype: torch.dtype = torch.float32,
                      angle_positions: int = 0) -> float:
     """The largest absolute difference between two correct implementations' logits that rounding explains:
-    magnitude * sqrt(layers + 1) * (u32 * (sqrt(reduction) + angle_positions) + u), u the unit roundoff of
-    `dtype` and u32 that of float32.
+    magnitude * sqrt(layers + 1) * (sqrt(u32^2 * sum(sums) + len(sums) * u^2) + u32 * angle_positions),
+    u the unit roundoff of `dtype` and u32 that of float32.
 
     Two implementations of the same model (ropelab and transformers; one kernel and another; AVX2 and
     AMX matrix products, which block their sums differently) add the same products in other orders.
     A sum of n terms, accumulated in float32 as matrix products and reductions are on every backend
     here, is then off by about u32 * sqrt(n) relative to its size (rounding errors as independent
-    random steps: Higham and Mary, "A new approach to probabilistic rounding error analysis", 2019);
-    `reduction` is the longest sum: d_model, d_ff, or the number of keys attention sums over. Each
-    stored result adds u of its own format (u32 again in float32, 2^-8 in bf16). Each residual block
-    adds its error to the residual stream, and the output head one more product, so over `layers`
-    blocks independent errors grow as sqrt(layers + 1), and the logits, a linear read-out of that
-    stream, carry the relative error times their own `magnitude` (the largest |logit|).
-    `angle_positions`: where one side forms RoPE angles position * frequency in float32 and the other
-    in float64 (ropelab's default), the float32 angle at position p is off by up to u32 * p radians
-    (frequencies <= 1), a relative error of q and k of that size; give the largest position.
+    random steps: Higham and Mary, "A new approach to probabilistic rounding error analysis", 2019),
+    and storing the result adds u of its own format (u32 again in float32, 2^-8 in bf16). `sums` are
+    the lengths of the sums one block's output goes through in turn (`block_sums`): their independent
+    errors add in quadrature. Each residual block adds its error to the residual stream, and the output
+    head one more product, so over `layers` blocks they grow as sqrt(layers + 1), and the logits, a
+    linear read-out of that stream, carry the relative error times their `magnitude` (the largest
+    |logit|, which for logits spread like a Gaussian also carries the few-sigma factor of the largest
+    of many errors). `angle_positions`: where one side forms RoPE angles position * frequency in
+    float32 and the other in float64 (ropelab's default), the float32 angle at position p is off by up
+    to u32 * p radians (frequencies <= 1), a relative error of q and k of that size; the largest p.
 
-    Measured against it (fp32, Intel AMX): SmolLM2-135M over 1,024 tokens, 30 layers, |logits| <= 44.6,
-    differs from transformers by 1.7e-4 where it allows 6.0e-4, while one weight changed by 1% (the
-    largest of layer 0's W_k) moves the logits 1.4e-3, beyond it."""
+    Measured against it (fp32, Intel AMX): SmolLM2-135M over 1,024 tokens (30 layers, |logits| <= 44.6)
+    differs from transformers by 1.7e-4 where it allows 1.1e-3; one weight 1% off (the largest of the
+    last layer's W_k) moves its logits by 1.6e-2. Tiny two-layer models: up to half of it."""
     u32, u = UNIT_ROUNDOFF[torch.float32], UNIT_ROUNDOFF[dtype]
-    return magnitude * math.sqrt(layers + 1) * (u32 * (math.sqrt(reduction) + angle_positions) + u)
+    per_block = math.sqrt(u32**2 * sum(sums) + len(sums) * u**2) + u32 * angle_positions
+    return magnitude * math.sqrt(layers + 1) * per_block
 
 
-def assert_logits_match(ours: torch.Tensor, reference: torch.Tensor, config, angles_differ: bool = False) -> None:
-    """`ours` (..., T, V) within `parity_tolerance` of `reference`, for a model of ropelab ModelConfig
-    `config` (its layers; its longest sum: d_model, d_ff, the query width or T keys) in reference's dtype.
-    `angles_differ`: one side forms RoPE angles in float32, the other in float64, at positions up to T - 1."""
+def block_sums(config, keys: int) -> list[int]:
+    """The lengths of the sums a block of ropelab ModelConfig `config` computes one after the other over
+    `keys` attended tokens: the attention norm, the q/k/v projections, q.k, the weighted sum of values,
+    the output projection, the MLP norm, its input projections and its output projection."""
+    d = config.d_model
+    return [d, d, config.head_size, keys, config.n_head * config.head_size, d, d, config.d_ff]
+
+
+def assert_logits_match(ours: torch.Tensor, reference: torch.Tensor, config, angles_differ: bool = False,
+                        keys: Optional[int] = None) -> None:
+    """`ours` (..., T, V) within `parity_tolerance` of `reference` (its dtype and largest |logit|) for a
+    model of ropelab ModelConfig `config` whose queries attend to up to `keys` tokens (default T).
+    `angles_differ`: one side forms RoPE angles in float32, the other in float64, at positions < keys."""
     assert ours.shape == reference.shape, (ours.shape, reference.shape)
-    tokens = reference.shape[-2]
-    reduction = max(config.d_model, config.d_ff, config.n_head * config.head_size, tokens)
-    tolerance = parity_tolerance(reference.abs().max().item(), config.n_layer, reduction, reference.dtype,
-                                 tokens - 1 if angles_differ else 0)
+    keys = reference.shape[-2] if keys is None else keys
+    tolerance = parity_tolerance(reference.abs().max().item(), config.n_layer, block_sums(config, keys),
+                                 reference.dtype, keys - 1 if angles_differ else 0)
     diff = (ours.float() - reference.float()).abs().max().item()
     assert diff <= tolerance, f"logits differ by up to {diff:.3g}, beyond the {tolerance:.3g} rounding explains"

@@ -1,4 +1,5 @@
-"""Export to / import from native Hugging Face folders: same logits (fp32, max abs diff <= 1e-4), refusals."""
+"""Export to / import from native Hugging Face folders: same logits (fp32, within what rounding explains:
+tests/helpers.py's parity_tolerance), refusals."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from ropelab.export.hf import export_hf  # noqa: E402
 from ropelab.sources import import_model as import_hf, load  # noqa: E402
 from ropelab.sources.imported import save_weights_only  # noqa: E402
 from ropelab.model import Transformer  # noqa: E402
+from tests.helpers import assert_logits_match  # noqa: E402
 
-TOL = 1e-4
 TEXT = "def add(a, b):\n    return a + b\n"
 
 
@@ -53,11 +54,11 @@ def _ids(vocab: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 20), generator=torch.Generator().manual_seed(seed))
 
 
-def _max_diff(ours: Transformer, theirs, idx: torch.Tensor) -> float:
+def _assert_same_logits(ours: Transformer, theirs, idx: torch.Tensor) -> None:
+    """ropelab forms RoPE angles in float64, transformers in float32."""
     with torch.no_grad():
         a, b = ours(idx)[0], theirs(input_ids=idx).logits
-    assert a.shape == b.shape
-    return (a - b).abs().max().item()
+    assert_logits_match(a, b, ours.config, angles_differ=True)
 
 
 # ------------------------------------------------------------------ export
@@ -76,8 +77,8 @@ def test_export_loads_natively_with_same_logits(run, exported):
     ids = tokenizer(TEXT, return_tensors="pt").input_ids
     assert ids[0].tolist() == load_tokenizer("bpe:300").encode_batch([TEXT])[0]
     assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token_id == theirs.config.pad_token_id
-    assert _max_diff(ours, theirs, ids) <= TOL
-    assert _max_diff(ours, theirs, _ids(config.model.vocab_size)) <= TOL
+    _assert_same_logits(ours, theirs, ids)
+    _assert_same_logits(ours, theirs, _ids(config.model.vocab_size))
 
     generated = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
     assert ids.shape[1] < generated.shape[1] <= ids.shape[1] + 5
@@ -103,7 +104,7 @@ def test_export_byte_tokenizer_run_ships_an_equivalent_tokenizer(tmp_path):
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert theirs.generation_config.eos_token_id == 256
     source = load(run_dir)
-    assert _max_diff(source.model, theirs, _ids(320)) <= TOL
+    _assert_same_logits(source.model, theirs, _ids(320))
 
     ours = source.tokenizer
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -182,7 +183,7 @@ def test_import_local_hf_model(tmp_path, case):
     assert (tmp_path / "imported" / "checkpoints" / "step_00000000" / "COMPLETE").is_file()
     ours, _, config = load(tmp_path / "imported")
     assert config.data.tokenizer == "bytes" and config.model.vocab_size == 96
-    assert _max_diff(ours, theirs, _ids(96)) <= TOL
+    _assert_same_logits(ours, theirs, _ids(96))
 
 
 def test_export_import_round_trip_keeps_tokenizer(run, exported, tmp_path):

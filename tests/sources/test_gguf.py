@@ -209,7 +209,7 @@ def logits(smollm2, smollm2_ropelab, os_py_ids, torch_threads) -> dict[str, torc
     transformers forms position * frequency in float32 (an error of up to ulp(1023) = 6e-5 rad here),
     ropelab in float64 by default, so their logits drift apart with position (max abs diff 3.5e-4 over
     these 1,024 tokens, 7e-5 over the first 128). With the same arithmetic they differ only by the
-    order of float32 sums (1.7e-4 on an AMX Xeon, 6e-4 allowed), which isolates the weight conversion
+    order of float32 sums (1.7e-4 on an AMX Xeon, 1.1e-3 allowed), which isolates the weight conversion
     from the angle precision."""
     with torch_threads(), torch.no_grad():
         out = {"hf": smollm2.model(input_ids=os_py_ids).logits, "ropelab": smollm2_ropelab(os_py_ids)[0]}
@@ -241,11 +241,11 @@ def test_logits_match_transformers_as_loaded(logits, smollm2_ropelab):
     assert_logits_match(logits["ropelab"][:, :128], logits["hf"][:, :128], smollm2_ropelab.config, angles_differ=True)
 
 
-@pytest.mark.parametrize("weight", ["attn.k_proj", "mlp_norm"])
+@pytest.mark.parametrize("weight", ["blocks.29.attn.k_proj", "blocks.0.mlp_norm"])
 def test_one_weight_off_by_one_percent_fails_the_parity_check(logits, smollm2_ropelab, os_py_ids, weight):
-    """A conversion error far smaller than a real one (the largest element of layer 0's W_k, or of its
-    MLP norm, 1% off: 1.4e-3 and 5e-2 on the logits) falls outside the tolerance of the parity check."""
-    param = smollm2_ropelab.get_parameter(f"blocks.0.{weight}.weight").view(-1)
+    """A conversion error far smaller than a real one (the largest element of the last layer's W_k, or of
+    the first MLP norm, 1% off: 1.6e-2 and 5e-2 on the logits) falls outside the parity check's tolerance."""
+    param = smollm2_ropelab.get_parameter(f"{weight}.weight").view(-1)
     index = int(param.abs().argmax())
     original = param[index].item()
     try:
