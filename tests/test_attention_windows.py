@@ -16,15 +16,17 @@ from tests.helpers import fit_lengths
 H, KV_HEADS, D = 4, 2, 8
 
 
-def hf_mask(ids, queries, keys, window):
-    """(B, 1, queries, keys) mask for the last `queries` of `keys` tokens from HF's mask functions."""
+def hf_mask(ids, queries, keys, window, left_padding=None):
+    """(B, 1, queries, keys) mask for the last `queries` of `keys` tokens from HF's mask functions;
+    `left_padding` (B,): where each row's chunks begin (none: 0)."""
     batch = torch.arange(1 if ids is None else ids.shape[0]).view(-1, 1, 1)
     if window is None:
         rule = hf_masks.causal_mask_function
     elif window[0] == "sliding":
         rule = hf_masks.sliding_window_causal_mask_function(window[1])
     else:
-        rule = hf_masks.chunked_causal_mask_function(window[1], torch.zeros(batch.shape[0], dtype=torch.long))
+        padding = torch.zeros(batch.shape[0], dtype=torch.long) if left_padding is None else left_padding
+        rule = hf_masks.chunked_causal_mask_function(window[1], padding)
     if ids is not None:
         rule = hf_masks.and_masks(rule, hf_masks.packed_sequence_mask_function(ids))
     q_idx = torch.arange(keys - queries, keys).view(1, -1, 1)
@@ -32,9 +34,9 @@ def hf_mask(ids, queries, keys, window):
     return rule(batch, 0, q_idx, kv_idx).expand(batch.shape[0], queries, keys).unsqueeze(1)
 
 
-def reference(q, k, v, ids, window):
+def reference(q, k, v, ids, window, left_padding=None):
     groups = q.shape[1] // k.shape[1]
-    mask = hf_mask(ids, q.shape[2], k.shape[2], window)
+    mask = hf_mask(ids, q.shape[2], k.shape[2], window, left_padding)
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
@@ -45,10 +47,11 @@ def outputs_and_grads(fn, q, k, v, upstream):
     return (out, *torch.autograd.grad((out * upstream).sum(), (q, k, v)))
 
 
-def assert_matches_reference(backend, q, k, v, ids, window, label=""):
+def assert_matches_reference(backend, q, k, v, ids, window, label="", left_padding=None):
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
-    expected = outputs_and_grads(lambda q, k, v: reference(q, k, v, ids, window), q, k, v, upstream)
-    got = outputs_and_grads(lambda q, k, v: attend(q, k, v, ids, backend, window), q, k, v, upstream)
+    expected = outputs_and_grads(lambda q, k, v: reference(q, k, v, ids, window, left_padding), q, k, v, upstream)
+    docs = ids if left_padding is None else Documents(ids, chunk_start=left_padding)
+    got = outputs_and_grads(lambda q, k, v: attend(q, k, v, docs, backend, window), q, k, v, upstream)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"{label} {backend} {window} {name}: {m}")
 
@@ -127,6 +130,44 @@ def test_cached_decoding_equals_the_full_forward(window, documents):
     prefill = attend(q[:, :, -9:], k, v, ids, "varlen", window)  # several queries at once
     torch.testing.assert_close(prefill, full[:, :, -9:], atol=1e-6, rtol=1e-6)
     assert_matches_reference("auto", q[:, :, -9:], k, v, ids, window)
+
+
+# a left-padded batch: padding is document 0 and each row's tokens document 1; 10 tokens of padding
+# put the chunks of 6 (and 16) of the last row two tokens (six tokens) off those of a row from token 0
+LEFT_PADDING = torch.tensor([0, 3, 10])
+LEFT_PADDED = (torch.arange(40) >= LEFT_PADDING.view(-1, 1)).long()
+
+
+@pytest.mark.parametrize("window", [("chunked", 6), ("chunked", 16), ("sliding", 5)])
+@pytest.mark.parametrize("backend", ["dense", "varlen", "local", "auto"])
+def test_left_padded_rows_count_chunks_from_their_first_token(backend, window):
+    """Documents' chunk_start: chunks begin at each row's first real token, as transformers' chunked mask
+    has them in a left-padded batch (a sliding window is the same either way)."""
+    q, k, v = token_major(3, 40, H, 18), token_major(3, 40, KV_HEADS, 19), token_major(3, 40, KV_HEADS, 20)
+    assert_matches_reference(backend, q, k, v, LEFT_PADDED, window, left_padding=LEFT_PADDING)
+
+
+@pytest.mark.parametrize("window", [("chunked", 6), ("sliding", 5)])
+def test_left_padded_rows_decode_one_token_at_a_time(window):
+    """The same with a KV cache: each query against the keys so far, for the rows where it is a real token
+    (a padding query's output is never read; with fewer keys than a chunk it sees all earlier padding)."""
+    q, k, v = token_major(3, 40, H, 21), token_major(3, 40, KV_HEADS, 22), token_major(3, 40, KV_HEADS, 23)
+    full = reference(q, k, v, LEFT_PADDED, window, LEFT_PADDING)
+    for t in range(1, 41):
+        docs = Documents(LEFT_PADDED[:, :t], chunk_start=LEFT_PADDING)
+        step = attend(q[:, :, t - 1 : t], k[:, :, :t], v[:, :, :t], docs, "auto", window)
+        real = t - 1 >= LEFT_PADDING
+        torch.testing.assert_close(step[real], full[real, :, t - 1 : t], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("window", [("chunked", 6), ("sliding", 5)])
+def test_flex_forward_counts_chunks_from_the_first_token(window):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    q, k, v = token_major(3, 40, H, 24), token_major(3, 40, KV_HEADS, 25), token_major(3, 40, KV_HEADS, 26)
+    with torch.no_grad():
+        flex = attend(q, k, v, Documents(LEFT_PADDED, chunk_start=LEFT_PADDING), "flex", window)
+    torch.testing.assert_close(flex, reference(q, k, v, LEFT_PADDED, window, LEFT_PADDING), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["sliding", "chunked"])

@@ -6,8 +6,10 @@ a token attends causally and only to earlier tokens of its own segment.
 
 An attention window (`ropelab.attention_windows`) narrows that further: ``("sliding", W)`` lets a
 query see itself and the W - 1 tokens before it, ``("chunked", C)`` only the earlier tokens of its
-own block of C (token indices within the row, not position ids). A key is visible iff it is causal,
-in the query's document and inside its window. A window of at least T tokens is full attention.
+own block of C (token indices within the row, not position ids; the blocks begin at token 0, or at
+`Documents`' ``chunk_start``: a left-padded batch's rows count their chunks from their first real
+token, as transformers does). A key is visible iff it is causal, in the query's document and inside
+its window. A window of at least T tokens is full attention.
 
 Backends (``attention.backend``):
   * ``sdpa``   – no document mask: plain causal scaled_dot_product_attention, or with a window one
@@ -29,7 +31,7 @@ Backends (``attention.backend``):
   * ``local``  – windows only: query blocks attend to the keys their window spans, one batched SDPA
                  call, cost O(T * (block + W)) (`attention_windows.local_attention`); with
                  ``doc_ids`` every block's small mask also compares documents. Full-attention layers
-                 run what ``auto`` picks;
+                 run what ``auto`` picks, and chunks that begin at a ``chunk_start`` ``varlen``;
   * ``auto``   – without document ids ``sdpa``, or ``local`` for a window when that is cheaper; with
                  them ``flex`` on CUDA, ``varlen`` otherwise.
 
@@ -145,10 +147,15 @@ class _Reindex(torch.autograd.Function):
 
 class Documents:
     """Document ids of a batch and, computed on first use, what each backend derives from them
-    (masks and block masks one per window, so layers with different windows share one instance)."""
+    (masks and block masks one per window, so layers with different windows share one instance).
 
-    def __init__(self, doc_ids: torch.Tensor):
+    `chunk_start` (B,): the token index where each row's chunks begin, its left padding in a
+    left-padded batch (transformers' chunked mask counts chunks from a row's first real token);
+    None: every row's chunks begin at token 0."""
+
+    def __init__(self, doc_ids: torch.Tensor, chunk_start: Optional[torch.Tensor] = None):
         self.doc_ids = doc_ids
+        self.chunk_start = chunk_start
         self._masks: dict[Window, torch.Tensor] = {}
         self._plan: Optional[VarlenPlan] = None
         self._block_masks: dict[Window, object] = {}
@@ -173,16 +180,19 @@ class Documents:
             mask = document_mask(self.doc_ids)
             if window is not None:
                 T = self.doc_ids.shape[1]
-                mask = mask & window_mask(T, T, window, mask.device)
+                mask = mask & window_mask(T, T, window, mask.device, start=self.chunk_start)
             self._masks[window] = mask
         return self._masks[window]
 
     def chunked(self, size: int) -> Documents:
-        """These documents cut again at every `size`-th token of a row: causal attention within the
-        resulting segments is chunked attention within documents."""
+        """These documents cut again at every `size`-th token of a row from its `chunk_start`: causal
+        attention within the resulting segments is chunked attention within documents."""
         if size not in self._chunked:
             ids = self.doc_ids
-            starts = (torch.arange(ids.shape[1], device=ids.device) % size == 0).expand_as(ids).clone()
+            index = torch.arange(ids.shape[1], device=ids.device)
+            if self.chunk_start is not None:
+                index = index - self.chunk_start.view(-1, 1)
+            starts = (index % size == 0).expand_as(ids).clone()
             starts[:, 1:] |= ids[:, 1:] != ids[:, :-1]
             self._chunked[size] = Documents(starts.cumsum(1))
         return self._chunked[size]
@@ -198,9 +208,10 @@ class Documents:
             from torch.nn.attention.flex_attention import create_block_mask
 
             ids = self.doc_ids
+            start = ids.new_zeros(ids.shape[0]) if self.chunk_start is None else self.chunk_start
 
             def same_document_in_window(b, h, q_idx, kv_idx):
-                return (ids[b, q_idx] == ids[b, kv_idx]) & visible(q_idx, kv_idx, window)
+                return (ids[b, q_idx] == ids[b, kv_idx]) & visible(q_idx - start[b], kv_idx - start[b], window)
 
             self._block_masks[window] = create_block_mask(same_document_in_window, ids.shape[0], None, q_len, q_len,
                                                           device=device)
@@ -263,6 +274,8 @@ def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Document
         raise ValueError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "local" and window is None:
         backend = "auto"
+    if backend == "local" and window[0] == "chunked" and isinstance(doc_ids, Documents) and doc_ids.chunk_start is not None:
+        backend = "varlen"  # local's blocks are chunks from token 0 of every row
     if doc_ids is None:
         if backend == "local" or (backend == "auto" and window is not None and local_is_cheaper(window, tokens)):
             return "local"
@@ -293,11 +306,12 @@ def attend(
     chosen = resolve_backend(backend, doc_ids, q.device, window, T)
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
     if Tq != T or key_start:
-        first = first_key(window, tokens - Tq)  # token index of the first key a query sees
+        start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
+        first = first_key(window, tokens - Tq, 0 if start is None else start)  # token index of the first key a query sees
         if first < key_start:
             raise ValueError(f"attend: the queries see keys from token {first} on, but the cache holds them "
                              f"from token {key_start} only")
-        mask = window_mask(Tq, tokens, window, q.device, first)
+        mask = window_mask(Tq, tokens, window, q.device, first, start)
         if ids is not None:
             mask = document_mask(ids, Tq)[..., first:] & mask
         held = first - key_start

@@ -3,7 +3,9 @@
 A window is ``None`` (full causal attention), ``("sliding", W)`` or ``("chunked", C)``, over token
 indices within a row (not position ids), as HF transformers' masking utilities define them:
   * sliding: query i sees key j iff j <= i and i - j < W (itself and the W - 1 tokens before it);
-  * chunked: query i sees key j iff j <= i and i // C == j // C (the earlier tokens of its own chunk).
+  * chunked: query i sees key j iff j <= i and (i - s) // C == (j - s) // C (the earlier tokens of its
+    own chunk), where the row's chunks begin at token index s: 0, or the row's left padding in a
+    left-padded batch, as transformers counts chunks there (`window_mask`'s `start`).
 
 `local_attention` splits the queries into blocks and attends each block only to the keys its queries
 may see, one batched SDPA call over all blocks: for a sliding window a block of b queries reads its
@@ -16,7 +18,7 @@ keeps out of every real query's view.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -53,18 +55,28 @@ def visible(query_idx: torch.Tensor, key_idx: torch.Tensor, window: Window) -> t
     return seen & (query_idx // size == key_idx // size)
 
 
-def first_key(window: Window, query: int) -> int:
-    """The earliest key that the query at token index `query`, or any later query, can see."""
+def first_key(window: Window, query: int, start: Union[int, torch.Tensor] = 0) -> int:
+    """The earliest key that the query at token index `query`, or any later query, can see, chunks
+    beginning at token index `start` (per row (B,): the earliest over the rows)."""
     if window is None:
         return 0
     kind, size = window
-    return max(0, query - size + 1) if kind == "sliding" else query // size * size
+    if kind == "sliding":
+        return max(0, query - size + 1)
+    chunk_start = query - (query - start) % size
+    return max(0, int(chunk_start.min()) if isinstance(chunk_start, torch.Tensor) else chunk_start)
 
 
-def window_mask(queries: int, keys: int, window: Window, device: torch.device, first: int = 0) -> torch.Tensor:
-    """(queries, keys - first) boolean mask of the last `queries` of `keys` tokens against keys first.."""
+def window_mask(queries: int, keys: int, window: Window, device: torch.device, first: int = 0,
+                start: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(queries, keys - first) boolean mask of the last `queries` of `keys` tokens against keys first..;
+    given `start` (B,), the token index where each row's chunks begin: (B, 1, queries, keys - first)."""
     query_idx = torch.arange(keys - queries, keys, device=device).unsqueeze(1)
-    return visible(query_idx, torch.arange(first, keys, device=device), window)
+    key_idx = torch.arange(first, keys, device=device)
+    if start is None:
+        return visible(query_idx, key_idx, window)
+    shift = start.view(-1, 1, 1, 1)  # a sliding window and causality only compare i - j: unchanged
+    return visible(query_idx - shift, key_idx - shift, window)
 
 
 def local_blocks(window: tuple[str, int]) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -232,19 +232,20 @@ class Transformer(nn.Module):
         self,
         idx: torch.Tensor,
         position_ids: Optional[torch.Tensor] = None,
-        doc_ids: Optional[torch.Tensor] = None,
+        doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
         kv_cache: Optional[KVCache] = None,
     ) -> torch.Tensor:
         """Token ids (B, T) -> final-norm hidden states (B, T, C).
 
         With `kv_cache` (having seen S earlier tokens, appended to here) the T tokens come after those:
-        positions default to S..S+T-1, and `doc_ids` covers all S + T tokens."""
+        positions default to S..S+T-1, and `doc_ids` covers all S + T tokens. `doc_ids` may be a
+        `Documents` (left-padded rows: chunks from each row's first real token)."""
         B, T = idx.shape
         if position_ids is None:
             start = 0 if kv_cache is None else kv_cache.get_seq_length()
             position_ids = torch.arange(start, start + T, device=idx.device).expand(B, T)
         x = self.embed(idx)  # (B, T, C)
-        if doc_ids is not None:  # boundaries derived once, shared by every layer
+        if doc_ids is not None and not isinstance(doc_ids, Documents):  # boundaries derived once, shared by every layer
             doc_ids = Documents(doc_ids)
         for block in self.blocks:
             x = block(x, position_ids, doc_ids, kv_cache)
@@ -255,7 +256,7 @@ class Transformer(nn.Module):
         idx: torch.Tensor,
         targets: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.Tensor] = None,
-        doc_ids: Optional[torch.Tensor] = None,
+        doc_ids: Optional[Union[torch.Tensor, Documents]] = None,
         return_hidden: bool = False,
         kv_cache: Optional[KVCache] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -1,6 +1,7 @@
 """Hugging Face export with ropelab's own modeling code (auto_map + trust_remote_code=True): configurations
-without a native transformers class load through AutoModelForCausalLM with the same logits (fp32, max abs
-diff <= 1e-4), and generate() works, with a key/value cache giving the outputs of none."""
+without a native transformers class load through AutoModelForCausalLM with the same logits (fp32, within
+what rounding explains: tests/helpers.py's parity_tolerance), and generate() works, with a key/value cache
+giving the outputs of none."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from ropelab.config import ModelConfig, RopeConfig, build_run_config  # noqa: E402
+from ropelab.config import LayerKind, ModelConfig, RopeConfig, build_run_config  # noqa: E402
 from ropelab.export import remote_code  # noqa: E402
 from ropelab.export.hf import export_hf, save_hf  # noqa: E402
 from ropelab.sources import load  # noqa: E402
 from ropelab.sources.imported import save_weights_only  # noqa: E402
 from ropelab.model import Transformer  # noqa: E402
+from tests.helpers import assert_logits_match  # noqa: E402
 
-TOL = 1e-4
 VOCAB = 97
 GPT_NEOX_LIKE = dict(block="parallel", norm="layernorm", mlp="gelu", attn_bias=True, mlp_bias=True)
 CASES = {  # none has a native transformers class
@@ -84,8 +85,7 @@ def test_remote_code_export_same_logits_and_generates(tmp_path, overrides):
     assert as_json(theirs.model.config) == as_json(ours.config)  # the shipped ModelConfig, same settings
     idx = _ids()
     with torch.no_grad():
-        a, b = ours(idx)[0], theirs(input_ids=idx).logits
-        assert a.shape == b.shape and (a - b).abs().max().item() <= TOL
+        assert_logits_match(theirs(input_ids=idx).logits, ours(idx)[0], ours.config)
         out = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=3, do_sample=False)
         assert out.shape == (2, idx.shape[1] + 3)
         assert torch.equal(out, _greedy(ours, idx, 3))
@@ -122,7 +122,38 @@ def test_cached_generate_equals_uncached(tmp_path, case):
         step = theirs(input_ids=cached[:, 20:21], attention_mask=_mask_to(mask, 21), cache=prompt.cache)
         assert step.cache is prompt.cache and step.cache.get_seq_length() == 21
         full = theirs(input_ids=cached[:, :21], attention_mask=_mask_to(mask, 21)).logits
-        assert (step.logits[:, 0] - full[:, 20]).abs().max().item() <= TOL
+        assert_logits_match(step.logits[:, 0], full[:, 20], theirs.model.config)
+
+
+WINDOWED = {  # a windowed layer, then a global one; partial RoPE: no native class, ropelab's code
+    "chunked": {"L": LayerKind(attention="chunked", window=8), "G": LayerKind()},
+    "sliding": {"L": LayerKind(attention="sliding", window=8), "G": LayerKind()},
+}
+
+
+@pytest.mark.parametrize("kind", list(WINDOWED))
+def test_left_padded_batch_generates_as_each_prompt_alone(tmp_path, kind):
+    """As in transformers, a left-padded row's positions and chunks count from its first real token:
+    prompts of 13, 6 and 9 tokens (5 and 3 windows of 8 cut mid-padding) and 12 tokens generated
+    across window edges give each prompt's own tokens and logits."""
+    ours = _model(rope=RopeConfig(fraction=0.5), layer_pattern="LG", layer_kinds=WINDOWED[kind])
+    assert save_hf(ours, tmp_path / "hf")["route"] == "remote_code"
+    theirs = _load(tmp_path / "hf")
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in (13, 6, 9)]
+    ids, mask = torch.zeros(3, 13, dtype=torch.long), torch.zeros(3, 13, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, 13 - len(prompt):], mask[row, 13 - len(prompt):] = prompt, 1
+    greedy = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        batched = theirs.generate(ids, attention_mask=mask, **greedy)
+        prompt_logits = theirs(input_ids=ids, attention_mask=mask).logits
+        for row, prompt in enumerate(prompts):
+            alone = theirs.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **greedy)
+            assert batched.sequences[row, 13:].tolist() == alone.sequences[0, len(prompt):].tolist()
+            step_logits = [torch.stack([step[i] for step in out.logits]) for out, i in ((batched, row), (alone, 0))]
+            assert_logits_match(*step_logits, ours.config, keys=13 + 12)
+            assert_logits_match(prompt_logits[row, 13 - len(prompt):], ours(prompt[None])[0][0], ours.config)
 
 
 def test_static_cache_is_refused(tmp_path):
@@ -144,12 +175,12 @@ def test_tied_weights_padding_and_loss(tmp_path):
         mask = torch.ones_like(idx)
         mask[1, :7] = 0
         padded = theirs(input_ids=idx, attention_mask=mask).logits
-        assert (padded[1, 7:] - ours(idx[1:, 7:])[0][0]).abs().max().item() <= TOL
-        assert (padded[0] - ours(idx[:1])[0][0]).abs().max().item() <= TOL
+        assert_logits_match(padded[1, 7:], ours(idx[1:, 7:])[0][0], ours.config)
+        assert_logits_match(padded[0], ours(idx[:1])[0][0], ours.config)
         # labels as in transformers: the loss of predicting token t+1 from tokens <= t
-        loss = theirs(input_ids=idx, labels=idx).loss
-        logits = ours(idx)[0]
-        assert abs(loss.item() - F.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten()).item()) <= TOL
+        out = theirs(input_ids=idx, labels=idx)
+        assert_logits_match(out.logits, ours(idx)[0], ours.config)
+        assert torch.equal(out.loss, F.cross_entropy(out.logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten()))
 
 
 def test_native_configs_keep_their_class(tmp_path):
@@ -209,7 +240,7 @@ def test_export_hf_run_falls_back_to_remote_code(tmp_path):
     ours = load(run_dir).model
     idx = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert (ours(idx)[0] - theirs(input_ids=idx).logits).abs().max().item() <= TOL
+        assert_logits_match(theirs(input_ids=idx).logits, ours(idx)[0], ours.config)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")  # no trust_remote_code needed
     text = "x = 'é'\n"

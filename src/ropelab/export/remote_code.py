@@ -40,7 +40,9 @@ The wrapper, ``modeling_ropelab.py``:
                                      tied); generate() keeps a transformers key/value cache
                                      (DynamicCache) that ropelab's attention appends to; a 2-D
                                      attention_mask with padding becomes ropelab document ids (a token
-                                     sees only earlier unmasked tokens)
+                                     sees only earlier unmasked tokens), positions count from each
+                                     row's first unmasked token and so do chunked layers' chunks,
+                                     as in transformers' own chunked mask
 
 This module:
 
@@ -94,6 +96,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ropelab.attention import Documents
 from ropelab.config.coerce import from_dict
 from ropelab.config.model import ModelConfig
 from ropelab.model import Transformer
@@ -190,9 +193,12 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
             cache = DynamicCache()
         doc_ids = None
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
-            doc_ids = attention_mask.long()  # padding and tokens never attend to each other
+            mask = attention_mask.long()  # as document ids: padding and tokens never attend to each other
+            real_so_far = mask.cumsum(-1)
             if position_ids is None:
-                position_ids = (doc_ids.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+                position_ids = (real_so_far - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+            # a left-padded row's chunks begin at its first token, as transformers' chunked mask counts them
+            doc_ids = Documents(mask, chunk_start=(real_so_far == 0).sum(-1))
         logits, _ = self.model(input_ids, position_ids=position_ids, doc_ids=doc_ids, kv_cache=cache)
         loss = None
         if labels is not None:  # next-token loss, labels aligned with input_ids as in transformers
