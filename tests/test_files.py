@@ -1,13 +1,16 @@
 """The checks of a command's --out folder and of folder names taken from configs."""
 
+import errno
 import fcntl
 import os
 import subprocess
 
 import pytest
 
+from ropelab import files
 from ropelab.config import ConfigError
-from ropelab.files import check_folder_name, new_folder, output_folder, refuse_existing
+from ropelab.errors import WriteFailed
+from ropelab.files import as_os_error, check_folder_name, new_folder, output_folder, refuse_existing, writable_folder
 
 OWN = ("result.json", "logs", "checkpoints/.tmp_*")
 
@@ -76,3 +79,62 @@ def test_new_folder_removes_only_the_temporary_folders_of_killed_calls(tmp_path)
     finally:
         os.close(held)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(p.name for p in kept)])
+
+
+def test_a_writable_folder_is_checked_without_leaving_anything(tmp_path):
+    assert writable_folder(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert list(tmp_path.iterdir()) == []  # the folders made for the check are removed again
+    (tmp_path / "mine").mkdir()
+    writable_folder(tmp_path / "mine")
+    assert list(tmp_path.iterdir()) == [tmp_path / "mine"] and list((tmp_path / "mine").iterdir()) == []
+
+
+@pytest.mark.parametrize("error, raised", [(errno.EROFS, WriteFailed), (errno.ENOSPC, WriteFailed),
+                                           (errno.EACCES, ConfigError)])
+def test_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, error, raised):
+    def mkstemp(**kwargs):
+        raise OSError(error, os.strerror(error), kwargs["dir"])
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(raised) as caught:
+        writable_folder(tmp_path / "out")
+    assert str(caught.value) == (f"{tmp_path / 'out'}: cannot write there ({os.strerror(error)}); stopped before any "
+                                 "work, nothing was written")
+    assert list(tmp_path.iterdir()) == []
+
+
+class Failures(BaseException):
+    """Like DCP's CheckpointException: a BaseException holding each rank's (exception, traceback)."""
+
+    def __init__(self, error):
+        self.failures = {0: (error, "traceback")}
+
+
+@pytest.mark.parametrize("raised, expected", [
+    (Failures(OSError(errno.ENOSPC, "No space left on device")), errno.ENOSPC),
+    (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"), errno.ENOSPC),
+    # torch's zip writer says no more than this; a write into the folder now succeeds, so: EIO
+    (Failures(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")), errno.EIO),
+])
+def test_a_failed_write_is_raised_as_the_os_error_behind_it(tmp_path, raised, expected):
+    with pytest.raises(OSError) as caught, as_os_error(tmp_path):
+        raise raised
+    assert caught.value.errno == expected and caught.value.__cause__ is raised
+
+
+def test_the_zip_writers_failure_takes_the_errno_a_write_meets_now(tmp_path, monkeypatch):
+    def full(**kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", full)
+    with pytest.raises(OSError) as caught, as_os_error(tmp_path):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert caught.value.errno == errno.ENOSPC
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("something else"), KeyboardInterrupt(), ValueError("x"),
+                                    Failures(RuntimeError("something else"))])
+def test_other_failures_pass_unchanged(tmp_path, raised):
+    with pytest.raises(type(raised)) as caught, as_os_error(tmp_path):
+        raise raised
+    assert caught.value is raised

@@ -8,6 +8,11 @@
                                 the temporary siblings that killed calls left
   output_folder(out_dir, ...)   the check every writing command makes of its --out before it writes:
                                 not empty text, not a file, and no entry the command did not write
+  writable_folder(folder)       proven writable by a file written and removed again (nothing left behind):
+                                every writing command's check before its work, so that a read-only or
+                                full file system stops it in one line instead of at its first write
+  as_os_error(folder)           a failed write in the block raised as the OSError behind it, however the
+                                writing library reported it
   check_folder_name(name, key)  a name from a config or the command line that names a folder inside
                                 --out (a study's run id): one path component, never ``..``
   refuse_links_out(folder, ...) a one-line ConfigError for a link in `folder` leading out of it, before a
@@ -18,16 +23,20 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import fnmatch
 import os
 import re
 import shutil
-from contextlib import contextmanager
+import tempfile
+from contextlib import contextmanager, suppress
+from itertools import takewhile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from ropelab.config import ConfigError
+from ropelab.errors import WriteFailed, is_storage_error
 
 
 @contextmanager
@@ -79,6 +88,76 @@ def output_folder(out_dir: str | Path, writer: str, own: Optional[Iterable[str]]
     return out
 
 
+def _write_probe(folder: Path) -> None:
+    """Write a small file in `folder` and remove it: the OSError a write there meets now, if any."""
+    fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=".partial", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(b"ropelab write check\n")
+    finally:
+        os.unlink(probe)
+
+
+def writable_folder(folder: str | Path) -> Path:
+    """`folder` as a Path, once a file written there was removed again (the folder and its missing parents
+    are made for it and removed after). A read-only, full or failing file system is a one-line WriteFailed,
+    any other refusal (no permission) a one-line ConfigError: before a command's work, not at its first write."""
+    folder = Path(folder)
+    missing = list(takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_probe(folder)
+    except OSError as exc:
+        problem = f"{folder}: cannot write there ({exc.strerror}); stopped before any work, nothing was written"
+        raise (WriteFailed if is_storage_error(exc) else ConfigError)(problem) from None
+    finally:
+        for path in missing:  # innermost first; one that meanwhile holds something is kept
+            with suppress(OSError):
+                path.rmdir()
+    return folder
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) names the OS error behind a failed write
+_ZIP_WRITE_FAILED = "unexpected pos"  # torch's zip writer (torch.save) when a write of its file fell short
+
+
+def _os_error_behind(exc: BaseException, folder: Path) -> Optional[OSError]:
+    """The OSError behind a failed write reported as `exc`, or None when `exc` is not one."""
+    if isinstance(exc, OSError):
+        return exc
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict):
+        return next((found for error, _ in failures.values()
+                     if (found := _os_error_behind(error, folder)) is not None), None)
+    if not isinstance(exc, Exception):
+        return None
+    number = _OS_ERROR.search(str(exc))
+    if number is not None:
+        return OSError(int(number[1]), os.strerror(int(number[1])))
+    if isinstance(exc, RuntimeError) and _ZIP_WRITE_FAILED in str(exc):  # it drops the errno: ask the disk
+        try:
+            _write_probe(folder)
+        except OSError as error:
+            return OSError(error.errno, error.strerror)
+        return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (torch's writer: {str(exc).splitlines()[0][:200]})")
+    return None
+
+
+@contextmanager
+def as_os_error(folder: str | Path) -> Iterator[None]:
+    """A failed write in the block raised as the OSError behind it, so that a full disk reaches the caller
+    as ENOSPC: DCP wraps its file writes' errors in a CheckpointException (a BaseException), safetensors
+    names the OS error number in a SafetensorError, and torch's zip writer raises a RuntimeError without
+    one (then the error is the one a small write into `folder` meets now; EIO if none)."""
+    try:
+        yield
+    except BaseException as exc:
+        error = _os_error_behind(exc, Path(folder))
+        if error is None or error is exc:
+            raise
+        raise error from exc
+
+
 def _foreign_entry(folder: Path, patterns: tuple[str, ...], prefix: str = "") -> Optional[str]:
     """The first entry under `folder` (as ``prefix + name``) that no pattern allows, or None."""
     for entry in sorted(folder.iterdir()):
@@ -122,8 +201,9 @@ def refuse_links_out(folder: str | Path, writer: str) -> None:
 
 
 def refuse_existing(out_dir: str | Path) -> Path:
-    """`out_dir` as a Path, or a one-line ConfigError when it exists and is not an empty folder."""
-    return output_folder(out_dir, "this command")
+    """`out_dir` as a Path, or a one-line ConfigError when it exists and is not an empty folder, or cannot be
+    written (`writable_folder`)."""
+    return writable_folder(output_folder(out_dir, "this command"))
 
 
 # new_folder's temporary folders, ".tmp_<name>_<pid>": a Linux pid has at most 7 digits (below 2**22) and no
@@ -179,7 +259,8 @@ def new_folder(out_dir: str | Path) -> Iterator[Path]:
     held = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     fcntl.flock(held, fcntl.LOCK_EX)  # on the folder itself: a process killed in the block drops it
     try:
-        yield tmp
+        with as_os_error(tmp):
+            yield tmp
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError(f"{out}: was filled by someone else meanwhile; the folder stays unwritten")
         os.replace(tmp, out)  # POSIX rename replaces an empty directory

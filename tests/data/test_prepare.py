@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ropelab.data.prepare import prepare
 from ropelab.data.sources import Source
 from ropelab.data.tokenizer import ByteTokenizer
 from ropelab.data.tokens import SPLITS, open_split
+from ropelab.train.lock import RunLock
 from tests.data.interrupt import interrupt_after_two_shards
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -179,6 +181,37 @@ def test_existing_folders_are_never_overwritten(tmp_path, corpus):
     with pytest.raises(ConfigError, match="already holds data prepared with other settings"):
         prepare(Source(str(path)), ByteTokenizer(), done, val_percent=10, workers=1, progress=False)
     assert folder_bytes(done) == before
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("what", ["a run", "a run's lock alone", "shards without a preparation"])
+def test_a_run_folder_or_any_folder_not_its_own_preparation_is_refused(what, run, tmp_path, corpus, capsys):
+    path, _ = corpus
+    out = tmp_path / "out"
+    trainer = RunLock(out)
+    if what == "a run":
+        shutil.copytree(run, out, symlinks=True)
+    elif what == "a run's lock alone":  # a trainer that has just started: its lock records its holder
+        trainer.acquire()
+    else:
+        out.mkdir()
+        (out / "train-00000.bin").write_bytes(b"not ours")
+    before = contents(out)
+    assert before
+    code = main(["data", "prepare", "--source", str(path), "--tokenizer", "bytes", "--out", str(out), "--workers", "1",
+                 "--no-progress"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    named = "not empty and holds no preparation" if what == "shards without a preparation" else "a run folder"
+    assert err[0].startswith(f"ropelab: error: --out {out}: {named}") and "nothing was written" in err[0]
+    assert contents(out) == before
+    with pytest.raises(ConfigError, match=named):  # the library refuses it too
+        prepare(Source(str(path)), ByteTokenizer(), out, workers=1, progress=False)
+    assert contents(out) == before
+    trainer.release()
 
 
 def test_hub_offline_and_unreachable_fail_fast(monkeypatch):

@@ -6,6 +6,7 @@ byte right before that stage's write; then the filler is deleted and the run res
 run is copied to $FULL_DISK_OUT/<stage> and what happened to $FULL_DISK_OUT/report.json. Before
 the room is made, a first resume meets the disk still full.
   shards    before dcp.save (the shard writes)         rng       before rng_rank0.pt
+  shards-partway  before dcp.save, 64 KiB left: torch's zip writer fills the disk in the middle of a shard
   weights   before model.safetensors                   state     before state.pt (after model.safetensors)
   manifest  before CHECKSUMS.json                      marker    before COMPLETE (after CHECKSUMS.json)
 Not a test module."""
@@ -30,8 +31,8 @@ filler = disk / "filler"
 current = {"run": None, "stage": None}
 
 
-def fill() -> None:
-    """Write zeros until the file system has no byte left."""
+def fill(leave: int = 0) -> None:
+    """Write zeros until the file system has no byte left, then give `leave` bytes back."""
     with open(filler, "ab", buffering=0) as f:
         for size in (1 << 20, 1 << 12, 1):
             try:
@@ -40,18 +41,19 @@ def fill() -> None:
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
+        f.truncate(f.tell() - leave)
 
 
 def saving(stage: str) -> bool:
     return current["stage"] == stage and (current["run"] / "checkpoints" / ".tmp_step_00000006").is_dir()
 
 
-def fill_around(module, name, before=None, after=None):
+def fill_around(module, name, before=None, after=None, leave=0):
     original = getattr(module, name)
 
     def wrapper(*args, **kwargs):
         if before and saving(before):
-            fill()
+            fill(leave)
         result = original(*args, **kwargs)
         if after and saving(after):
             fill()
@@ -61,6 +63,7 @@ def fill_around(module, name, before=None, after=None):
 
 
 fill_around(dcp, "save", before="shards")
+fill_around(dcp, "save", before="shards-partway", leave=64 << 10)
 fill_around(checkpoint, "rng_state", before="rng")  # called right before its file is written
 fill_around(checkpoint, "save_file", before="weights", after="state")
 fill_around(integrity, "write_manifest", before="manifest", after="marker")
@@ -78,7 +81,7 @@ def ropelab(*args) -> tuple[object, list[str]]:
 
 
 report = {}
-for stage in ("shards", "rng", "weights", "state", "manifest", "marker"):
+for stage in ("shards", "shards-partway", "rng", "weights", "state", "manifest", "marker"):
     run = disk / stage
     current.update(run=run, stage=stage)
     code, lines = ropelab("train", "--out", run, *sys.argv[1:])

@@ -1,9 +1,10 @@
 """Command line: a thin layer over library functions. Each module of this package owns the table
 of its commands (`COMMANDS`); `ropelab.cli.COMMANDS` is their concatenation, in help order.
 
-Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2. A run
-or study stopped by SIGTERM or SIGUSR1 exits with 75 (EX_TEMPFAIL), by Ctrl-C with 130, after one
-line saying how to continue (`ropelab.train.stop`).
+Every command turns user mistakes (`ConfigError`) into one line on stderr and exit code 2, and a write
+the storage failed (a full disk, a read-only file system: `WriteFailed`, `is_storage_error`) into one
+line and exit code 1. A run or study stopped by SIGTERM or SIGUSR1 exits with 75 (EX_TEMPFAIL), by
+Ctrl-C with 130, after one line saying how to continue (`ropelab.train.stop`).
 Handlers import the library functions they call when they run, so that `ropelab --help` and the
 argument checks start without importing torch and every feature.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from ropelab.cli import claims, convert, data, evaluate, interchange, probe, study, train
 from ropelab.cli.common import OVERRIDES_HELP, Command
 from ropelab.config import ConfigError
-from ropelab.errors import TrainingDiverged, WriteFailed
+from ropelab.errors import TrainingDiverged, WriteFailed, is_storage_error, one_line
 from ropelab.train.stop import StoppedBySignal, exit_code
 
 COMMANDS: list[Command] = [*train.COMMANDS, *study.COMMANDS, *interchange.COMMANDS, *convert.COMMANDS,
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except WriteFailed as exc:
         print(f"ropelab: stopped: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if not is_storage_error(exc):
+            raise
+        print(f"ropelab: stopped: {one_line(exc)}", file=sys.stderr)
         return 1
     except StoppedBySignal as stopped:
         if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 speaks for every rank

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ropelab.cli.common import Command, positive_int
-from ropelab.files import output_folder
+from ropelab.files import output_folder, writable_folder
 
 
 def _add_claims(p: argparse.ArgumentParser) -> None:
@@ -52,8 +52,8 @@ def cmd_claims(args: argparse.Namespace) -> int:
         _print_plan(plan_claims(only, args.jobs, args.configs), args.jobs)
         return 0
     studies = sorted({stem for claim in CLAIMS for stem in claim.studies})  # one folder each
-    output_folder(args.out, "ropelab claims", ("claims.html", "claims.md", "claims.json", FIGURES, "timings.json",
-                                               ".*.partial", *studies))
+    writable_folder(output_folder(args.out, "ropelab claims", ("claims.html", "claims.md", "claims.json", FIGURES,
+                                                               "timings.json", ".*.partial", *studies)))
     outcome = run_claims(only, args.out, args.jobs, live=not args.no_live, configs=args.configs)
     for claim_id, finding in outcome["findings"].items():
         print(f"{claim_id}: {finding.verdict.outcome}")

@@ -7,7 +7,7 @@ import signal
 import sys
 
 from ropelab.cli.common import Command, command_group
-from ropelab.files import output_folder
+from ropelab.files import writable_folder
 from ropelab.train.stop import exit_code
 
 
@@ -34,11 +34,11 @@ def _add_data_prepare(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    from ropelab.data.prepare import prepare
+    from ropelab.data.prepare import preparation_folder, prepare
     from ropelab.data.sources import BUILTIN_CORPORA, Source
     from ropelab.data.tokenizer import load_tokenizer
 
-    output_folder(args.out_dir, "ropelab data prepare", own=None)  # `prepare` checks what the folder holds
+    writable_folder(preparation_folder(args.out_dir))  # before the tokenizer, which may take long to train
     source = Source(args.source, args.hf_config, args.split, args.text_field, args.encoding_errors)
     tokenizer = load_tokenizer(args.tokenizer, args.source if args.source in BUILTIN_CORPORA else "stdlib",
                                trust_remote_code=args.trust_remote_code)

@@ -6,7 +6,7 @@ import argparse
 
 from ropelab.cli.common import Command, add_config_argument, command_group, numbers, options_with_config, token_counts
 from ropelab.config import ConfigError
-from ropelab.files import output_folder
+from ropelab.files import output_folder, writable_folder
 
 
 def _add_eval_lm(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def _add_eval_lm(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval_lm(args: argparse.Namespace) -> int:
-    output_folder(args.out_dir, "ropelab eval lm")
+    writable_folder(output_folder(args.out_dir, "ropelab eval lm"))
     try:
         from ropelab.evaluate.lm_eval import evaluate_lm
     except ImportError as exc:
@@ -51,7 +51,7 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 def _evaluate_sources(args: argparse.Namespace, names: tuple[str, ...], evaluate, table: str) -> int:
     """The options of the command line and --config into the library call; prints the `table` file."""
-    output_folder(args.out_dir, f"ropelab eval {args.eval_command}")
+    writable_folder(output_folder(args.out_dir, f"ropelab eval {args.eval_command}"))
     options = options_with_config(args, names, "runs")
     runs = options.pop("runs")
     results = evaluate(runs, args.out_dir, progress=not args.no_progress, **options)

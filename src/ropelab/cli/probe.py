@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ropelab.cli.common import Command, add_config_argument, command_group, options_with_config
-from ropelab.files import output_folder
+from ropelab.files import output_folder, writable_folder
 
 
 def _add_probe_run(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def probe_config(options: dict, progress: bool = True):
 def cmd_probe_run(args: argparse.Namespace) -> int:
     from ropelab.probe import run_probe
 
-    output_folder(args.out_dir, "ropelab probe run")
+    writable_folder(output_folder(args.out_dir, "ropelab probe run"))
     options = options_with_config(args, PROBE_OPTIONS, "checkpoints")
     meta = run_probe(options["checkpoints"], args.out_dir, probe_config(options, progress=not args.no_progress))
     print(f"probed {len(meta['checkpoints'])} checkpoint(s) x {len(meta['modes'])} mode(s) on {meta['window']:,} tokens "
@@ -68,7 +68,7 @@ def _add_probe_weights(p: argparse.ArgumentParser) -> None:
 def cmd_probe_weights(args: argparse.Namespace) -> int:
     from ropelab.probe import weight_updates
 
-    output_folder(args.out_dir, "ropelab probe weights")
+    writable_folder(output_folder(args.out_dir, "ropelab probe weights"))
     changes = weight_updates(args.checkpoint_a, args.checkpoint_b, args.out_dir, top=args.top)
     print("spans of W_q / W_k that changed most (||dW|| / ||W_A|| over their rows):")
     for s in changes["top_spans"]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ropelab.cli.common import Command, numbers, positive_int, token_counts
 from ropelab.config import ConfigError, MODEL_PRESETS
-from ropelab.files import output_folder
+from ropelab.files import output_folder, writable_folder
 
 REPORT_FILES = ("summary.csv", "summary.json", "loss_curves.png", "final_loss.png", "report.md", "report.html")
 
@@ -44,6 +45,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     out = output_folder(args.out, "ropelab study", own=None)
     if not (out / "study.yaml").is_file():  # not a study yet (one is continued, see `ropelab.study.runner`)
         output_folder(out, "ropelab study", (LOCK_FILE,))  # the lock of a study stopped before its study.yaml
+    writable_folder(out)
     outcome = run_and_report(study, out, jobs=args.jobs or default_jobs(), live=not args.no_live)
     statuses, paths = outcome["statuses"], outcome["report"]
     failed = [k for k, v in statuses.items() if v in ("failed", "skipped")]
@@ -71,7 +73,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ropelab.study.report import write_report
 
     if args.out is not None:  # a report rebuilt there before may be replaced, nothing else
-        output_folder(args.out, "ropelab report", REPORT_FILES)
+        writable_folder(output_folder(args.out, "ropelab report", REPORT_FILES))
+    elif Path(args.study_dir).is_dir():  # the report is written into the study
+        writable_folder(args.study_dir)
     paths = write_report(args.study_dir, target=args.target, out_dir=args.out)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
@@ -98,7 +102,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from ropelab.study.memory import DEFAULT_FRACTIONS, kept_pairs_of, memory_table, parse_entry, per_head_angles
     from ropelab.study.memory import plot_memory
 
-    out = None if args.out is None else output_folder(args.out, "ropelab memory", ("memory.csv", "memory.png"))
+    own = ("memory.csv", "memory.png")
+    out = None if args.out is None else writable_folder(output_folder(args.out, "ropelab memory", own))
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     for name in presets:
         if name not in MODEL_PRESETS:

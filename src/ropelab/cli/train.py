@@ -8,7 +8,7 @@ import os
 
 from ropelab.cli.common import OVERRIDES_HELP, Command, add_run_arguments, run_config_from_args
 from ropelab.config import ConfigError, MODEL_PRESETS, build_run_config
-from ropelab.files import output_folder
+from ropelab.files import output_folder, writable_folder
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -126,7 +126,7 @@ def _distill_cache(args: argparse.Namespace) -> int:
     if args.out is None and not args.dry_run:
         raise ConfigError("--out: required with --cache (a new folder for the teacher logits)")
     if not args.dry_run:
-        output_folder(args.out, "ropelab distill --cache")
+        writable_folder(output_folder(args.out, "ropelab distill --cache"))
     size = cache_teacher_logits(run_config_from_args(args), args.out, steps=args.steps, dry_run=args.dry_run,
                                 dtype=args.dtype or "fp16")
     if not args.dry_run:

@@ -37,10 +37,17 @@ from ropelab.data.sources import Source, corpus_key
 from ropelab.data.tokenizer import ByteTokenizer, Tokenizer, cache_dir
 from ropelab.data.tokens import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype, write_json
 from ropelab.errors import WriteFailed, is_storage_error, one_line
-from ropelab.files import one_at_a_time
+from ropelab.files import one_at_a_time, output_folder
 
 DEFAULT_SHARD_TOKENS = 2**28
 PROGRESS = "progress.json"
+MANIFEST = "manifest.json"
+LOCK = ".lock"  # held while preparing (`one_at_a_time`), never written into
+# what a preparation leaves in its folder, finished or not (its atomic writes' and shards' partial files too)
+OWN_FILES = (LOCK, PROGRESS, MANIFEST, "tokenizer.json", ".*.partial",
+             *(f"{split}-*{ext}" for split in SPLITS for ext in (".bin", ".idx.npy")))
+# what marks a run folder (`ropelab.sources.runs`, `ropelab.train.lock`), named when one is refused
+RUN_FILES = ("config.yaml", "checkpoints", "metrics.jsonl")
 
 
 class _StopSignals:
@@ -99,6 +106,28 @@ def _first_difference(a: dict, b: dict) -> str:
     return ""
 
 
+def preparation_folder(out_dir: str | Path) -> Path:
+    """`out_dir` as a Path `prepare` may write into: new, empty, or holding its own earlier preparation
+    (finished, or unfinished to resume); anything else, a run folder above all, is a one-line ConfigError
+    before anything is written."""
+    folder = output_folder(out_dir, "ropelab data prepare", own=None)
+    if not folder.is_dir():
+        return folder
+    lock = folder / LOCK
+    found = [name for name in RUN_FILES if (folder / name).exists()]
+    if lock.is_file() and lock.stat().st_size:  # a trainer's lock records its holder; a preparation's stays empty
+        found.append(f"{LOCK} of a trainer")
+    if found:
+        raise ConfigError(f"--out {folder}: a run folder ({', '.join(found)}); data prepare writes only into a new "
+                          "folder or its own unfinished preparation (nothing was written)")
+    names = {entry.name for entry in folder.iterdir()}
+    leftovers = {LOCK} | {name for name in names if name.endswith(".partial")}
+    if names - leftovers and not names & {PROGRESS, MANIFEST}:
+        raise ConfigError(f"--out {folder}: not empty and holds no preparation (no {PROGRESS} or {MANIFEST}); "
+                          "choose a new folder (nothing was written)")
+    return output_folder(folder, "ropelab data prepare", OWN_FILES)
+
+
 def prepare(
     source: Source,
     tokenizer: Tokenizer,
@@ -125,12 +154,9 @@ def prepare(
         "val_percent": val_percent, "max_documents": max_documents, "max_tokens": max_tokens,
         "shard_tokens": shard_tokens, "bos": bos, "encoding_errors": source.encoding_errors,
     }
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--out {folder}: exists and is not a folder")
-    if folder.is_dir() and not any(folder.glob(".lock")) and any(folder.iterdir()):
-        raise ConfigError(f"--out {folder}: not empty and holds no preparation; choose a new folder (nothing was written)")
-    with one_at_a_time(folder / ".lock"):  # concurrent runs of the built-in corpus wait here
-        if (folder / "manifest.json").is_file():
+    preparation_folder(folder)
+    with one_at_a_time(folder / LOCK):  # concurrent runs of the built-in corpus wait here
+        if (folder / MANIFEST).is_file():
             manifest = read_manifest(folder)
             if manifest["settings"] != settings:
                 raise ConfigError(f"--out {folder}: already holds data prepared with other settings ({_first_difference(settings, manifest['settings'])})")
@@ -269,7 +295,7 @@ def _write_manifest(folder: Path, tokenizer: Tokenizer, settings: dict, state: d
         "dtype": np.dtype(token_dtype(tokenizer.vocab_size)).name, "documents_read": totals["documents_read"],
         "empty_documents": totals["empty"], "splits": splits, "settings": settings,
     }
-    write_json(folder / "manifest.json", manifest)
+    write_json(folder / MANIFEST, manifest)
     (folder / PROGRESS).unlink()
     return manifest
 
@@ -277,6 +303,6 @@ def _write_manifest(folder: Path, tokenizer: Tokenizer, settings: dict, state: d
 def builtin_token_folder(corpus: str, tokenizer: Tokenizer, val_percent: float) -> Path:
     """The built-in corpus tokenized into the cache (once), keyed by corpus, split and tokenizer."""
     folder = cache_dir() / "tokens" / f"{corpus}-{corpus_key(corpus, val_percent)}-{tokenizer.fingerprint()}-{FORMAT}"
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST).is_file():
         prepare(Source(corpus), tokenizer, folder, val_percent=val_percent, progress=False)
     return folder

@@ -32,10 +32,8 @@ from __future__ import annotations
 import io
 import os
 import random
-import re
 import shutil
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -45,6 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from ropelab.config import ConfigError
 from ropelab.errors import one_line
+from ropelab.files import as_os_error
 from ropelab.train import integrity
 from ropelab.train.distributed import DistEnv
 from ropelab.train.integrity import MANIFEST, MARKER, DamagedCheckpoint, verify_checkpoint  # noqa: F401 (also for callers)
@@ -210,30 +209,6 @@ def _full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) names the OS error behind a failed write
-
-
-@contextmanager
-def _os_errors():
-    """A failed write raised as the OSError behind it, so that a full disk reaches the trainer as
-    ENOSPC: DCP wraps its file writes' OSError in a CheckpointException (a BaseException), and
-    safetensors reports one as a SafetensorError naming the OS error number."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        yield
-    except CheckpointException as exc:
-        error = next((e for e, _ in exc.failures.values() if isinstance(e, OSError)), None)
-        if error is None:
-            raise
-        raise error from exc
-    except Exception as exc:
-        found = None if isinstance(exc, OSError) else _OS_ERROR.search(str(exc))
-        if found is None:
-            raise
-        raise OSError(int(found[1]), os.strerror(int(found[1]))) from exc
-
-
 def _save_small(obj, path: Path) -> None:
     """torch.save through memory, then one Python write: a failed write (a full disk) is an OSError
     with its errno, where torch's own file writer raises a RuntimeError without one."""
@@ -274,13 +249,13 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer,
         tmp.mkdir()
     env.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with warnings.catch_warnings(), _os_errors():
+    with warnings.catch_warnings(), as_os_error(tmp):
         warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     weights = _full_weights(model) if full_weights else None
     _save_small(rng_state(), tmp / f"rng_rank{env.rank}.pt")
     if env.is_main and weights is not None:
-        with _os_errors():
+        with as_os_error(tmp):
             save_file(_dedup_tied(weights, model), str(tmp / WEIGHTS))
     if env.is_main:
         _save_small({"step": step, "world": env.world, **extra}, tmp / "state.pt")
