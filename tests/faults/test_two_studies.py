@@ -105,3 +105,13 @@ def test_a_second_study_on_a_live_study_stops_in_one_line(tmp_path):
     assert first.returncode == EX_TEMPFAIL
     assert not is_locked(out) and not is_locked(out / "runs" / "a")
     assert os.path.isfile(out / "runs" / "a" / "config.yaml")
+
+
+def test_a_second_claims_run_on_a_live_one_stops_in_one_line(tmp_path, capsys):
+    out = tmp_path / "claims"
+    with RunLock(out / "partial-pythia", role="study"):  # the first `ropelab claims` training that study
+        code = main(["claims", "--only", "rq4", "--out", str(out), "--no-live"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [err.strip()]
+    assert err.startswith(f"ropelab: error: {out / 'partial-pythia'}: another study is running in it (pid {os.getpid()} on ")
+    assert sorted(os.listdir(out / "partial-pythia")) == [".lock"]  # no study.yaml, no run
