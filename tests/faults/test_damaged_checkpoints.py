@@ -1,12 +1,17 @@
 """Fault 1: a bit flip or a truncation in each kind of checkpoint file, in the newest checkpoint or
 in an older one, of a run that died after step 7 (checkpoints of steps 4 and 6 on disk)."""
 
+import json
 import shutil
+import zlib
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from ropelab.config import build_run_config
 from ropelab.train import checkpoint as ckpt
+from ropelab.train import integrity
 from ropelab.train.integrity import DamagedCheckpoint
 from ropelab.train.loop import train
 
@@ -93,3 +98,71 @@ def test_cli_with_every_checkpoint_damaged_refuses_in_one_line_each(run, capsys)
 def test_the_crashed_run_itself_is_intact(crashed):
     for step in (4, 6):
         assert_intact(step_dir(crashed, step))
+
+
+# ------------------------------------------------------------------ checkpoints the checksums do not vouch for
+
+
+def without_checksums(folder):
+    """As written before manifests: no CHECKSUMS.json, a marker naming the step only."""
+    (folder / integrity.MANIFEST).unlink()
+    (folder / ckpt.MARKER).write_text(folder.name.removeprefix("step_").lstrip("0") + "\n")
+
+
+def edit_weights(folder, edit):
+    weights = load_file(str(folder / ckpt.WEIGHTS))
+    edit(weights)
+    save_file(weights, str(folder / ckpt.WEIGHTS))
+
+
+def with_fresh_checksums(folder):
+    """The manifest and marker written again for the files as they are now: their checksums hold."""
+    (folder / integrity.MANIFEST).unlink()
+    (folder / ckpt.MARKER).write_text(f"6\n{integrity.write_manifest(folder, {})}\n")
+
+
+def test_an_unverified_checkpoint_is_exported_with_a_warning(run, tmp_path, capsys):
+    newest = step_dir(run, 6)
+    without_checksums(newest)
+    code, out, lines = cli(["export", newest, "--out", tmp_path / "hf"], capsys)
+    assert code == 0 and out.startswith("exported")
+    ours = [line for line in lines if "ropelab" in line or "Traceback" in line]  # not transformers' progress bar
+    assert_one_line(ours, f"ropelab: warning: {newest}: unverified (no checksums): written before checkpoints had "
+                           "them; its weights were checked only for being finite")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_in_an_unverified_checkpoint_are_refused(run, tmp_path, capsys, value):
+    newest = step_dir(run, 6)
+    without_checksums(newest)
+    edit_weights(newest, lambda weights: weights["blocks.1.mlp.up_proj.weight"].view(-1).__setitem__(5, value))
+    code, out, lines = cli(["export", newest, "--out", tmp_path / "hf"], capsys)
+    assert code == 2 and out == ""
+    assert_one_line(lines, f"ropelab: error: {newest}: damaged checkpoint (model.safetensors: tensor "
+                           "blocks.1.mlp.up_proj.weight holds NaN or infinite values; unverified (no checksums))")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_unknown_checksum_manifest_format_is_refused(run, tmp_path, capsys):
+    newest = step_dir(run, 6)
+    manifest = json.loads((newest / integrity.MANIFEST).read_text())
+    text = json.dumps({**manifest, "format": 2}, indent=1)
+    (newest / integrity.MANIFEST).write_text(text)
+    (newest / ckpt.MARKER).write_text(f"6\n{integrity.MANIFEST} crc32={zlib.crc32(text.encode()):08x}\n")
+    code, out, lines = cli(["export", newest, "--out", tmp_path / "hf"], capsys)
+    assert code == 2 and out == ""
+    assert_one_line(lines, f"ropelab: error: {newest / integrity.MANIFEST}: format 2, which this ropelab cannot read "
+                           f"(it reads format {integrity.FORMAT}); a newer ropelab wrote it")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_weights_file_of_the_wrong_shape_is_refused_naming_the_tensor(run, tmp_path, capsys):
+    newest = step_dir(run, 6)
+    edit_weights(newest, lambda weights: weights.update({"blocks.0.attn.q_proj.weight": torch.zeros(32, 64)}))
+    with_fresh_checksums(newest)
+    assert ckpt.verify_checkpoint(newest) is True
+    code, out, lines = cli(["export", newest, "--out", tmp_path / "hf"], capsys)
+    assert code == 2 and out == ""
+    assert_one_line(lines, f"ropelab: error: {newest / ckpt.WEIGHTS}: tensor blocks.0.attn.q_proj.weight has shape "
+                           "[32, 64], but the checkpoint's config.yaml makes it [64, 64]")
+    assert not (tmp_path / "hf").exists()

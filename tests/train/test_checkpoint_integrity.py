@@ -322,6 +322,35 @@ def test_checkpoint_without_manifest_loads_unverified(folder):
     assert ckpt.weights_vocab(folder) == MODEL.vocab_size
 
 
+def test_every_loader_refuses_non_finite_weights_in_a_checkpoint_without_manifest(tmp_path, capsys):
+    model, optimizer = trained()
+    with torch.no_grad():
+        model.blocks[0].mlp.up_proj.weight[1, 2] = float("nan")
+    folder = ckpt.save_checkpoint(tmp_path / "run", 2, model, optimizer, {"data": {"seed": 0, "next_step": 2}}, 2)
+    ckpt.load_weights(fresh()[0], folder)  # its checksums vouch for what was saved, NaN and all
+    make_legacy(folder)
+    reason = "tensor blocks.0.mlp.up_proj.weight holds NaN or infinite values; unverified (no checksums)"
+    loaders = {"model.safetensors": lambda: ckpt.load_weights(fresh()[0], folder),
+               "dcp": lambda: ckpt.load_checkpoint(folder, *fresh())}
+    for file, load in loaders.items():
+        with pytest.raises(DamagedCheckpoint) as err:
+            load()
+        assert one_line_error(err) == f"{folder}: damaged checkpoint ({file}: {reason})"
+    (folder / ckpt.WEIGHTS).unlink()
+    with pytest.raises(DamagedCheckpoint, match="dcp: tensor blocks.0.mlp.up_proj.weight holds NaN"):
+        ckpt.load_weights(fresh()[0], folder)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_manifest_loads_with_one_line_of_warning(folder, capsys):
+    make_legacy(folder)
+    ckpt.load_checkpoint(folder, *fresh())
+    assert capsys.readouterr().err == (f"ropelab: warning: {folder}: unverified (no checksums): written before "
+                                       "checkpoints had them; its weights were checked only for being finite\n")
+    ckpt.load_weights(fresh()[0], folder, verify="never")  # asked not to check: nothing said
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_damage_in_a_checkpoint_without_manifest_is_still_one_line(folder, name):
     make_legacy(folder)

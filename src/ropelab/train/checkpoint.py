@@ -24,7 +24,8 @@ read against the manifest first (`verify="always"`: sizes and checksums; "sizes"
 "never"), so a bit flip or a truncated file is one line, `DamagedCheckpoint`, naming the
 checkpoint and the file, before any parser sees it. `latest_intact_checkpoint` finds the newest
 checkpoint that verifies, and the damaged newer ones. Checkpoints written before manifests load
-unverified. Nothing loaded runs code: tensors and plain data only (`ropelab.train.safe_pickle`).
+unverified: their weights are only checked for being finite, and a warning line says so. Nothing
+loaded runs code: tensors and plain data only (`ropelab.train.safe_pickle`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import io
 import os
 import random
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Iterable, Optional
@@ -155,13 +157,39 @@ def load_weights(model: torch.nn.Module, folder: Path, verify: str = "always") -
     when it was written, else the model part of the sharded dcp/ state, gathered."""
     folder = Path(folder)
     if (folder / WEIGHTS).is_file():
-        verify_checkpoint(folder, verify, files=[WEIGHTS])
+        verified, file = verify_checkpoint(folder, verify, files=[WEIGHTS]), WEIGHTS
         load_model_state(model, folder / WEIGHTS)
     elif has_weights(folder):
-        verify_checkpoint(folder, verify, files=["dcp/*"])
+        verified, file = verify_checkpoint(folder, verify, files=["dcp/*"]), "dcp"
         _load_model_shards(model, folder)
     else:
         raise ConfigError(f"{folder}: no {WEIGHTS} and no dcp/ checkpoint")
+    if not verified and verify != "never":
+        _check_unverified(model, folder, file)
+
+
+def _non_finite_tensor(model: torch.nn.Module) -> Optional[str]:
+    """The name of the first tensor of `model` (of this rank's part of a sharded one) holding NaN or an infinity."""
+    for name, tensor in model.state_dict().items():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: this rank's shard
+        if local.is_floating_point() and not torch.isfinite(local).all():
+            return name.removeprefix("module.")
+    return None
+
+
+def _check_unverified(model: torch.nn.Module, folder: Path, file: str, env: Optional[DistEnv] = None) -> None:
+    """What can be checked of weights loaded from a checkpoint written before checksums: a one-line
+    DamagedCheckpoint naming a tensor that holds NaN or an infinity, else one line of warning. Collective
+    with an active `env`."""
+    env = env or DistEnv()
+    bad = _non_finite_tensor(model)
+    if env.active and not env.all_true(bad is None, next(model.parameters()).device) and bad is None:
+        bad = "of another rank"
+    if bad is not None:
+        raise DamagedCheckpoint(folder, file, f"tensor {bad} holds NaN or infinite values; unverified (no checksums)")
+    if env.is_main:
+        print(f"ropelab: warning: {folder}: unverified (no checksums): written before checkpoints had them; its "
+              "weights were checked only for being finite", file=sys.stderr)
 
 
 def _load_shards(path: Path, state: dict) -> None:
@@ -196,6 +224,11 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
         state = load_file(str(path))
     except Exception as exc:  # caught by the checksum first when the checkpoint has one
         raise DamagedCheckpoint(Path(path).parent, Path(path).name, f"unreadable ({one_line(exc)})") from None
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and tensor.shape != expected[name].shape:
+            raise ConfigError(f"{path}: tensor {name} has shape {list(tensor.shape)}, but the checkpoint's config.yaml "
+                              f"makes it {list(expected[name].shape)}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_embeddings", False) else set()
     if set(missing) - tied or unexpected:
@@ -349,7 +382,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Opt
     env = env or DistEnv()
     if not (Path(path) / MARKER).is_file():
         raise ConfigError(f"{path}: incomplete checkpoint (no {MARKER} marker); refusing to load it")
-    verify_checkpoint(path, verify, files=["state.pt", "dcp/*", "rng_rank*.pt"], env=env)
+    verified = verify_checkpoint(path, verify, files=["state.pt", "dcp/*", "rng_rank*.pt"], env=env)
     state = read_state(path, verify="never")
     if optimizer is None:
         _load_model_shards(model, path)
@@ -358,6 +391,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, env: Opt
         to_load = {"model": model_sd, "optim": optim_sd}
         _load_shards(path, to_load)
         set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
+    if not verified and verify != "never":
+        _check_unverified(model, path, "dcp", env)
     rng_file = Path(path) / f"rng_rank{env.rank}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
         set_rng_state(load_plain(rng_file, legacy_numpy=True))

@@ -33,6 +33,7 @@ the checksumming between the ranks.
 Checkpoints written before manifests existed (no CHECKSUMS.json and a marker that names none) still
 load: `verify_checkpoint` returns False for them ("unverified"); neither their sizes nor their bytes
 can be checked, and a damaged file in one is caught by its parser instead (still a one-line error).
+A manifest of a format this version does not know (a newer one) is refused in one line.
 """
 
 from __future__ import annotations
@@ -176,7 +177,10 @@ def read_manifest(folder: Path) -> Optional[dict[str, dict]]:
             for e in files.values())
     except (ValueError, KeyError, TypeError):
         ok = False
-    if not ok:
+    if ok and type(data.get("format")) is int and data["format"] > FORMAT:
+        raise ConfigError(f"{path}: format {data['format']}, which this ropelab cannot read (it reads format {FORMAT}); "
+                          "a newer ropelab wrote it")
+    if not ok or data.get("format") != FORMAT:
         raise DamagedCheckpoint(folder, MANIFEST, "unreadable (not a checksum manifest)")
     for name in files:
         parts = Path(name).parts
