@@ -4,9 +4,11 @@ tests/helpers.py's parity_tolerance), refusals."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
+import yaml
 
 transformers = pytest.importorskip("transformers")
 
@@ -187,10 +189,19 @@ def test_import_local_hf_model(tmp_path, case):
 
 
 def test_export_import_round_trip_keeps_tokenizer(run, exported, tmp_path):
-    out, _ = exported
-    info = import_hf(str(out), tmp_path / "back")
-    ours, _, config = load(tmp_path / "back")
-    assert config.data.tokenizer == str(out.resolve()) and load_tokenizer(config.data.tokenizer).vocab_size == 300
+    source = tmp_path / "hf"
+    shutil.copytree(exported[0], source)
+    info = import_hf(str(source), tmp_path / "back")
+    assert info["tokenizer"] == f"saved from {source.resolve()} (300 tokens)"
+    assert yaml.safe_load((tmp_path / "back" / "config.yaml").read_text())["data"]["tokenizer"] == "tokenizer.json"
+    expected = load_tokenizer(str(source))
+    shutil.rmtree(source)  # the imported folder holds its own tokenizer: it works without its source, and moved
+    (tmp_path / "moved").mkdir()
+    shutil.move(tmp_path / "back", tmp_path / "moved" / "back")
+    ours, tokenizer, config = load(tmp_path / "moved" / "back")
+    assert config.data.tokenizer == str((tmp_path / "moved" / "back" / "tokenizer.json").resolve())
+    assert tokenizer.fingerprint() == expected.fingerprint() and tokenizer.eos_id == expected.eos_id
+    assert tokenizer.encode_batch([TEXT]) == expected.encode_batch([TEXT])
     original, _, _ = load(run)
     for (name, a), (_, b) in zip(original.state_dict().items(), ours.state_dict().items()):
         assert torch.equal(a, b), name

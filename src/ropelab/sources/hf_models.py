@@ -3,7 +3,8 @@
   load_hf_model(source, dtype)   the transformers causal LM itself (a teacher may run it natively)
   hf_text_config(source)         its configuration, without weights
   hf_tokenizer(source)           the tokenizer of an `hf` source, or of a folder ropelab exported
-  tokenizer_spec(source, vocab)  (data.tokenizer for a run of its model, what happened to the tokenizer)
+  tokenizer_spec(source, vocab)  (data.tokenizer for a run of its model, what happened to the tokenizer, the
+                                 tokenizer an imported folder saves)
   convert(source)                -> `Converted`: the ropelab Transformer computing the same logits
                                  (`ropelab.sources.hf.from_hf`), with the tokenizer it reads
 
@@ -44,7 +45,7 @@ class Converted:
     architecture: str  # the transformers class it came from
     tokenizer_spec: str  # data.tokenizer for a run of this model
     tokenizer_note: str  # what happened to the tokenizer, for the user
-    tokenizer: Optional[HFTokenizer] = None  # GGUF: the tokenizer to save beside the weights
+    tokenizer: Optional[HFTokenizer] = None  # the tokenizer an imported folder holds (None: data.tokenizer=bytes)
     transformers_version: str = ""
 
 
@@ -97,8 +98,9 @@ def hf_tokenizer(source: Source) -> HFTokenizer:
     return load_hf_tokenizer(str(path.resolve()) if path.exists() else source.location, source.trust_remote_code)
 
 
-def tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
-    """(data.tokenizer for a run of an `hf` or `export` source's model, what happened)."""
+def tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str, Optional[HFTokenizer]]:
+    """(data.tokenizer for a run of an `hf` or `export` source's model, what happened, the tokenizer an
+    imported folder saves as its own, or None when the run reads bytes)."""
     if not has_tokenizer_files(source):
         why = "no tokenizer files"
     else:
@@ -108,12 +110,12 @@ def tokenizer_spec(source: Source, model_vocab: int) -> tuple[str, str]:
             why = f"tokenizer not usable ({one_line(exc, 150)})"
         else:
             if tokenizer.vocab_size <= model_vocab:
-                return tokenizer.name, f"data.tokenizer={tokenizer.name}"
+                return tokenizer.name, f"saved from {tokenizer.name} ({tokenizer.vocab_size} tokens)", tokenizer
             why = f"tokenizer has {tokenizer.vocab_size} tokens, model {model_vocab}"
     note = f"{why}; data.tokenizer=bytes"
     if model_vocab < ByteTokenizer.vocab_size:
         note += f" (but the model has only {model_vocab} tokens: set data.tokenizer before training)"
-    return "bytes", note
+    return "bytes", note, None
 
 
 def convert(source: Source) -> Converted:
@@ -135,7 +137,7 @@ def convert(source: Source) -> Converted:
     if tokenizer is not None:
         spec, note = source.name, f"saved from the GGUF file ({tokenizer.vocab_size} tokens)"
     else:
-        spec, note = tokenizer_spec(source, model.config.vocab_size)
+        spec, note, tokenizer = tokenizer_spec(source, model.config.vocab_size)
     return Converted(model, architecture, spec, note, tokenizer, transformers.__version__)
 
 

@@ -1,6 +1,7 @@
 """Folders written by `ropelab import` (`ropelab.sources.loading.import_model`): another framework's
 model as a ropelab run directory: config.yaml, a step-0 checkpoint, import.json (where the weights
-came from) and, for GGUF, the model's tokenizer.json; every command then takes the folder.
+came from) and the model's tokenizer.json (unless it reads bytes), which config.yaml names relatively, so
+the folder works moved and without its source; every command then takes the folder.
 
   write_converted(converted, out_dir, source, kind)
                                   the folder of a model converted from a source
