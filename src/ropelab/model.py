@@ -18,10 +18,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
+from ropelab.attention_bias import attend_with_bias
 from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
 from ropelab.layers import fusable, residual_add, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
+from ropelab.position.registry import ROTATIONS, SCORE_BIASES, rebuild_after_meta
 from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -89,6 +91,9 @@ class Attention(nn.Module):
         self.window = None if kind.attention == "full" else (kind.attention, kind.window)
         self.temperature = kind.temperature  # only on NoPE layers (`ModelConfig.validate`)
         self.backend = "auto"
+        # the score-bias channel of `ropelab.config.position` (ALiBi); None: none
+        self.score_bias = next((SCORE_BIASES[p.type.name](p.spec, H) for p in config.positions_for_layer(layer)
+                                if p.type.channel == "score_bias"), None)
 
     def queries_keys_values(self, x: torch.Tensor, position_ids: torch.Tensor,
                             norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,7 +127,10 @@ class Attention(nn.Module):
             seen = kv_cache.get_seq_length(self.layer)  # S
             k, v = kv_cache.update(k, v, self.layer, {"window": self.window})  # (B, K, L + T, D)
             key_start = seen + T - k.shape[2]
-        y = attend(q, k, v, doc_ids, self.backend, window=self.window, key_start=key_start)  # (B, H, T, D)
+        if self.score_bias is not None:
+            y = attend_with_bias(q, k, v, doc_ids, self.window, key_start, self.score_bias)  # (B, H, T, D)
+        else:
+            y = attend(q, k, v, doc_ids, self.backend, window=self.window, key_start=key_start)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -191,14 +199,17 @@ class Transformer(nn.Module):
             raise ValueError("ModelConfig.vocab_size must be set before building a model (it follows the tokenizer)")
         config.validate()
         self.config = config
-        # One RotaryEmbedding per distinct layer setting, shared by the layers that use it.
+        # One rotation (`ropelab.position.ROTATIONS`, a RotaryEmbedding) per distinct layer setting, shared
+        # by the layers that use it; a learned one (FoPE) per layer.
         ropes: dict[str, RotaryEmbedding] = {}
         layer_ropes = []
         for layer in range(config.n_layer):
-            rope_config = config.rope_for_layer(layer)
-            key = repr(dataclasses.astuple(rope_config))
+            rope_config, (rotation, *_) = config.rope_for_layer(layer), config.positions_for_layer(layer)
+            key = repr((rotation.type.name, rotation.spec, dataclasses.astuple(rope_config)))
+            key += f" layer {layer}" if rotation.type.learned else ""
             if key not in ropes:  # its own copy: switching a phase's theta changes the module, not `config`
-                ropes[key] = RotaryEmbedding(copy.deepcopy(rope_config), config.head_size, config.kv_heads)
+                ropes[key] = ROTATIONS[rotation.type.name](copy.deepcopy(rope_config), rotation.spec,
+                                                           config.head_size, config.kv_heads)
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
         device = torch.get_default_device()
@@ -209,6 +220,7 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if not init:
             self.to_empty(device=device)  # the rotary embeddings hold no tensors, so only the weights move
+            rebuild_after_meta(self)  # buffers that are not weights (ALiBi's slopes) hold garbage until then
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         if init:

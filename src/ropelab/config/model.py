@@ -11,8 +11,20 @@ from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.layout_presets import LAYOUT_PRESETS
+from ropelab.config.position import Position, default_position, parse_position, rope_overlay
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError
+
+
+def _lay_over(rope: RopeConfig, override: dict, key: str) -> RopeConfig:
+    """`rope` with the RoPE keys of `override` (a layer kind's, a layer's or `model.position`'s) laid over it."""
+    merged = dataclasses.asdict(rope)
+    # Setting its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
+    if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
+        merged.update(dict.fromkeys(PLAN_KEYS))
+    if "fraction" in override and "rotary_dims" not in override:  # a fraction replaces a channel count
+        merged["rotary_dims"] = None
+    return from_dict(RopeConfig, merged | dict(override), key)
 
 
 @dataclass
@@ -43,6 +55,13 @@ class ModelConfig:
     # Layer kinds repeated over the layers (ropelab.config.layout): RoPE, attention window, temperature.
     layer_pattern: Optional[str] = None
     layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
+    # Position encodings (ropelab.config.position): e.g. [{type: rope, fraction: 0.25}, {type: alibi}];
+    # None: model.rope alone. Its rotation entry's RoPE keys are laid over model.rope here.
+    position: Optional[list] = None
+
+    def __post_init__(self) -> None:
+        if self.position is not None and isinstance(self.rope, RopeConfig):
+            self.rope = _lay_over(self.rope, rope_overlay(parse_position(self.position)), "model.position")
 
     @property
     def kv_heads(self) -> int:
@@ -66,17 +85,22 @@ class ModelConfig:
         kind = self.kind_for_layer(layer)
         overrides = [(f"model.layer_kinds.{kind}.rope", self.layer_kind(layer).rope_override()),
                      (f"model.rope_layers.{layer}", self.rope_layers.get(layer) or self.rope_layers.get(str(layer)))]
-        merged, where = dataclasses.asdict(self.rope), None
+        rope = self.rope
         for key, override in overrides:
-            if not override:
-                continue
-            # A layer that sets its own channel count or plan drops the run's plan (e.g. {fraction: 0} is NoPE).
-            if set(override) & {"fraction", "rotary_dims", *PLAN_KEYS}:
-                merged.update(dict.fromkeys(PLAN_KEYS))
-            if "fraction" in override and "rotary_dims" not in override:  # a fraction replaces a channel count
-                merged["rotary_dims"] = None
-            merged, where = merged | dict(override), key
-        return self.rope if where is None else from_dict(RopeConfig, merged, where)
+            if override:
+                rope = _lay_over(rope, override, key)
+        return rope
+
+    def positions_for_layer(self, layer: int) -> list[Position]:
+        """The layer's position encodings (`ropelab.config.position`), its rotation first: `model.position`
+        (or what `model.rope` alone spells), NoPE where the layer's RoPE rotates no channel."""
+        rotary_dims = self.rope_for_layer(layer).resolve_dims(self.head_size)
+        if self.position is None:
+            return default_position(rotary_dims)
+        entries = parse_position(self.position)
+        if not rotary_dims:
+            entries = default_position(0) + [entry for entry in entries if entry.type.channel != "rotation"]
+        return entries
 
     def validate(self) -> None:
         check_ints("model", self, ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "max_seq_len",
@@ -108,6 +132,14 @@ class ModelConfig:
             rope.validate(self.head_size, key)
             if rope.has_plan:
                 rope.validate_plan(self.head_size, key, self.kv_heads)
+        if self.position is not None:
+            for entry in parse_position(self.position):
+                entry.spec.validate(entry.key, self.head_size, self.n_head)
+            for layer in range(self.n_layer):
+                rotation = self.positions_for_layer(layer)[0]
+                if rotation.type.extrapolation and self.rope_for_layer(layer).scaling is not None:
+                    raise ConfigError(f"{rotation.key}: type {rotation.type.name} takes no model.rope.scaling "
+                                      f"(layer {layer}): {rotation.type.extrapolation}")
         for layer in range(self.n_layer):
             temperature = self.layer_kind(layer).temperature
             if temperature is None:

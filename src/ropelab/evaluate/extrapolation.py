@@ -10,7 +10,8 @@ T0, the base context, is what the unscaled frequencies were trained at: the run'
 (`ropelab.evaluate.longctx.trained_length`: data.seq_len, or max_seq_len for a model made elsewhere), or
 for a run trained with a scaling that scaling's original_max_position (a run fine-tuned with YaRN x2 from
 256 tokens gets YaRN x L/256 again, and at L = 512 exactly its own setting). Where a factor L / T0 would
-be <= 1 every method is the unscaled model, and on a NoPE model (no layer rotates) every method is the
+be <= 1 every method is the unscaled model, and on a model no layer of which takes RoPE scaling (NoPE,
+FoPE: the position encoding's registered type refuses it, `ropelab.config.position`) every method is the
 model itself: such cells are not evaluated again but carry none's figures, marked ``same_as: none``.
 `lengths` may go beyond the model's max_seq_len (the point): the cos/sin tables grow to the positions seen.
 
@@ -116,8 +117,18 @@ def base_context(config, trained: int) -> int:
 
 
 def rotates(model_config: ModelConfig) -> bool:
-    return any(model_config.rope_for_layer(layer).resolve_dims(model_config.head_size)
+    """Whether a scaling method changes any layer: one whose position encoding takes RoPE scaling (its
+    registered type declares no refusal, `ropelab.config.position`: not NoPE, not FoPE)."""
+    return any(model_config.positions_for_layer(layer)[0].type.extrapolation is None
                for layer in range(model_config.n_layer))
+
+
+def scaling_refusal(model_config: ModelConfig) -> Optional[str]:
+    """Why no scaling method changes the model, naming its position encoding; None where one does."""
+    if rotates(model_config):
+        return None
+    rotation = model_config.positions_for_layer(0)[0].type
+    return f"{rotation.label}: every method is the model itself; {rotation.extrapolation}"
 
 
 def scaled_config(model_config: ModelConfig, scaling: RopeScalingConfig, where: str) -> ModelConfig:
@@ -225,7 +236,8 @@ def _evaluate_run(run: _Run, settings: ExtrapolationSettings, device: torch.devi
     entry: dict[str, Any] = {
         "label": run.label, "run": run.path, "checkpoint": str(run.source.checkpoint or run.source.location),
         "rope_theta": config.model.rope.theta, "rotary_dims": config.model.rope.resolve_dims(config.model.head_size),
-        "head_dim": config.model.head_size, "rotates": rotates(config.model), "train_seq_len": run.trained,
+        "head_dim": config.model.head_size, "rotates": rotates(config.model),
+        "scaling_refused": scaling_refusal(config.model), "train_seq_len": run.trained,
         "base_context": run.base, "own_scaling": dataclasses.asdict(own) if own is not None else None,
         "windows": len(windows), "single_document_windows": single, "loss_at_train_len": None, "cells": [],
     }
@@ -277,5 +289,5 @@ def evaluate_extrapolation(
     return results
 
 
-__all__ = ["METHODS", "ExtrapolationSettings", "make_settings", "base_context", "rotates", "scaled_config",
+__all__ = ["METHODS", "ExtrapolationSettings", "make_settings", "base_context", "rotates", "scaled_config", "scaling_refusal",
            "plan_cells", "evaluate_extrapolation"]

@@ -37,9 +37,10 @@ def run_markdown(run: dict, settings: dict) -> list[str]:
     trained = f"trained at {run['train_seq_len']} tokens" + (
         f" with {own['method']} x{own['factor']:g} from {own['original_max_position']}" if own else "")
     reference = run["loss_at_train_len"]
+    refused = f" ({run.get('scaling_refused') or 'NoPE: every method is the model itself'})"
     lines = [f"## {run['label']}", "",
              f"{run['checkpoint']}: RoPE theta {run['rope_theta']:g}, {run['rotary_dims']}/{run['head_dim']} rotary dims"
-             f"{'' if run['rotates'] else ' (NoPE: every method is the model itself)'}, {trained}, base context "
+             f"{'' if run['rotates'] else refused}, {trained}, base context "
              f"T0 = {run['base_context']}; {run['windows']} loss windows ({run['single_document_windows']} single-document); "
              f"{run['seconds']:.1f} s.", ""]
     if reference is not None:

@@ -100,6 +100,7 @@ from ropelab.attention import Documents
 from ropelab.config.coerce import from_dict
 from ropelab.config.model import ModelConfig
 from ropelab.model import Transformer
+from ropelab.position.registry import rebuild_after_meta
 
 _V4 = int(__import__("transformers").__version__.split(".")[0]) < 5
 # The output field of the cache: `cache` in transformers 5.x releases that renamed `past_key_values`.
@@ -152,10 +153,20 @@ class RopelabForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _rebuild_rope(self) -> None:
         """RoPE frequencies are plain tensors, not weights: from_pretrained builds the model on the meta
-        device, so compute them again on the CPU (they follow the positions' device when used)."""
+        device, so compute them again on the CPU (they follow the positions' device when used), and so
+        are the position encodings' buffers (ALiBi's slopes)."""
         with torch.device("cpu"):
             for rope in self.model.ropes:
                 rope.set_theta(rope.theta)
+            rebuild_after_meta(self.model)
+
+    def _init_weights(self, module):
+        """from_pretrained fills the buffers no checkpoint holds with uninitialised memory and then asks
+        here for their values: a position encoding's (ALiBi's slopes) are computed again."""
+        if hasattr(module, "rebuild_after_meta"):
+            module.rebuild_after_meta()
+        else:
+            super()._init_weights(module)
 
     def get_input_embeddings(self):
         return self.model.embed

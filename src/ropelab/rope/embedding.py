@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ropelab.config.position import POSITION_TYPES
 from ropelab.config.rope import RopeConfig, RopeScalingConfig
 from ropelab.rope.cpu_kernel import available as cpu_kernel_available, supports as cpu_supports
 from ropelab.rope.cpu_kernel import supports_positions as cpu_supports_positions
@@ -50,7 +51,13 @@ class RotaryEmbedding(nn.Module):
     original_max_position one table serves every length, beyond it each new L rebuilds the table
     (0..L-1); LongRoPE keeps one table until L crosses original_max_position. Unlike HF, which keeps
     the largest L seen until a call shorter than the original context resets it, the result of a
-    call depends on its own positions only."""
+    call depends on its own positions only.
+
+    A subclass for another rotation names its registered type (`ropelab.config.position`); where that
+    type declares no `fast_kernels` (its cos/sin are not plain cos/sin of position x frequency, or
+    carry learned parameters) only the reference rotation runs, whatever `inplace` says."""
+
+    position_type = "rope"
 
     def __init__(self, config: RopeConfig, head_dim: int, kv_heads: int = 1):
         super().__init__()
@@ -73,6 +80,11 @@ class RotaryEmbedding(nn.Module):
         # that share this module do either once per forward.
         self._last: Optional[tuple] = None
         self._last_range: Optional[tuple] = None
+
+    @property
+    def fast_paths(self) -> bool:
+        """Whether the in-place rotation and the C and Triton kernels may run (declared by the type)."""
+        return POSITION_TYPES[self.position_type].fast_kernels and self.inplace is not False
 
     @property
     def theta(self) -> float:
@@ -241,7 +253,7 @@ class RotaryEmbedding(nn.Module):
         if self.per_head:
             return self._rotate_per_head(q, k, position_ids, in_place)
         cos_sin = None
-        if self.inplace is not False and not torch.compiler.is_compiling():
+        if self.fast_paths and not torch.compiler.is_compiling():
             force = bool(self.inplace) or in_place
             rotation = self._kernel_rotation(q, k, position_ids)
             if rotation is not None:
@@ -264,7 +276,7 @@ class RotaryEmbedding(nn.Module):
         cos_k, sin_k = self.cos_sin(position_ids)  # (B or 1, K, T, r/2)
         K, group = k.shape[1], q.shape[1] // k.shape[1]
         r, layout = self.rotary_dims, self.layout
-        if self.inplace is not False and not torch.compiler.is_compiling():
+        if self.fast_paths and not torch.compiler.is_compiling():
             cos_g, sin_g = cos_k.unsqueeze(2), sin_k.unsqueeze(2)  # (., K, 1, T, r/2): broadcast over a group
 
             def rotation(q: torch.Tensor, k: torch.Tensor, inverse: bool = False) -> None:

@@ -7,7 +7,8 @@
                                 the round trip changes
   round_trip_changes(config)    the settings whose value the round trip changes, one line each
 
-The deny-list of `hf_config_write` gives readable reasons for the differences it knows; the round trip
+A position encoding whose registered type claims no HF class (`hf_native`) is refused first. The
+deny-list of `hf_config_write` gives readable reasons for the differences it knows; the round trip
 catches the ones it does not (a setting added to `ModelConfig`, `RopeConfig` or `LayerKind` later, a
 position encoding no HF class has): every field of those dataclasses is compared, except the ones
 `ALLOWED` lists with the reason the logits do not depend on them. A layer is compared as it computes
@@ -33,7 +34,7 @@ ALLOWED = {
     "rope.scaling.original_max_position of linear": "linear interpolation divides by its factor alone",
 }
 # how a model is spelled rather than what it computes: replaced by each layer's resolved settings
-_SPELLINGS = ("rope", "rope_layers", "layer_pattern", "layer_kinds", "n_kv_head", "head_dim")
+_SPELLINGS = ("rope", "rope_layers", "layer_pattern", "layer_kinds", "position", "n_kv_head", "head_dim")
 # RoPE settings that mean nothing on a layer rotating no channel
 _ROTATION_ONLY = ("theta", "style", "layout", "scaling", "keep_pairs", "select", "pairs")
 
@@ -56,7 +57,8 @@ def _layer(config: ModelConfig, layer: int) -> dict:
         scaling["original_max_position"] = None
     resolved |= {f"scaling.{key}": value for key, value in scaling.items()}
     kind = dataclasses.asdict(config.layer_kind(layer)) | {"rope": None}
-    return {f"rope.{key}": value for key, value in resolved.items() if f"rope.{key}" not in ALLOWED} | {
+    positions = [f"{entry.type.name} {dataclasses.asdict(entry.spec)}" for entry in config.positions_for_layer(layer)]
+    return {"position": positions} | {f"rope.{key}": value for key, value in resolved.items() if f"rope.{key}" not in ALLOWED} | {
         f"kind.{key}": value for key, value in kind.items()}
 
 
@@ -88,7 +90,13 @@ def round_trip_changes(config: ModelConfig) -> list[str]:
 
 
 def native_architecture(config: ModelConfig) -> str:
-    """The HF model_type `config` exports as natively: no obstacle on the deny-list and an exact round trip."""
+    """The HF model_type `config` exports as natively: every position encoding claims an HF class
+    (`hf_native`, `ropelab.config.position`), no obstacle on the deny-list and an exact round trip."""
+    unclaimed = sorted({entry.type.name for layer in range(config.n_layer) for entry in config.positions_for_layer(layer)
+                        if not entry.type.hf_native})
+    if unclaimed:
+        raise ValueError(f"cannot export {config.name!r} natively: no Hugging Face class computes position "
+                         f"encoding {', '.join(unclaimed)} (model.position)")
     name = hf_architecture(config)
     changes = round_trip_changes(config)
     if changes:

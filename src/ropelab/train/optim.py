@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ropelab.config import TrainConfig
+from ropelab.position.registry import position_parameters
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
@@ -21,10 +22,12 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on parameters with 2+ dimensions (matrices, embeddings); none on norms and biases.
+    """Weight decay on parameters with 2+ dimensions (matrices, embeddings); none on norms, biases and
+    learned position encodings (FoPE's coefficients: decay would pull them to 0, not to RoPE).
     Fused AdamW where `fused_supported`, else torch's default implementation."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    exempt = position_parameters(model)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2 and id(p) not in exempt]
+    no_decay = [p for p in model.parameters() if p.requires_grad and (p.dim() < 2 or id(p) in exempt)]
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

@@ -1,0 +1,144 @@
+"""Every registered position encoding (`ropelab.config.position.POSITION_TYPES`) through every path:
+built on the meta device and loaded, KV-cached decoding against a full forward, in-place against
+reference gradients (learned parameters get theirs), weight decay, export route and logits,
+extrapolation accepted or refused, and its answers for the cos/sin memory. A type registered without
+a case here, or without its module, fails `test_every_registered_type_has_its_module_and_answers`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ropelab.config import RunConfig, TrainConfig, build_run_config
+from ropelab.config.position import POSITION_TYPES
+from ropelab.config.rope import RopeScalingConfig
+from ropelab.evaluate.extrapolation import ExtrapolationSettings, plan_cells, rotates
+from ropelab.kv_cache import KVCache
+from ropelab.model import Transformer
+from ropelab.position import ROTATIONS, SCORE_BIASES, position_parameters
+from ropelab.train.optim import build_optimizer
+
+VOCAB, T = 64, 24
+# one model per registered type: its position list, and the export route it must take
+CASES = {
+    "rope": ("[{type: rope}]", "native"),
+    "nope": ("[{type: nope}]", "remote_code"),
+    "fope": ("[{type: fope, trained_length: 16}]", "remote_code"),
+    "alibi": ("[{type: rope, fraction: 0.25}, {type: alibi}]", "remote_code"),
+}
+MODULES = {"rotation": ROTATIONS, "score_bias": SCORE_BIASES, "attention": {}}
+
+
+def _config(name: str, *overrides: str) -> RunConfig:
+    return build_run_config(overrides=[f"model.position={CASES[name][0]}", f"model.vocab_size={VOCAB}",
+                                       "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2",
+                                       *overrides])
+
+
+def _model(name: str, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(_config(name).model)
+    with torch.no_grad():  # FoPE's coefficients and every weight away from their initial values
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
+
+
+def _ids(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_every_registered_type_has_its_module_and_answers():
+    assert set(CASES) == set(POSITION_TYPES), "give each registered type a case (and its module)"
+    for name, kind in POSITION_TYPES.items():
+        assert name in MODULES[kind.channel], f"{name}: registered without a module for channel {kind.channel}"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_model_built_on_the_meta_device_and_loaded_computes_the_same(name):
+    """ALiBi's slopes are a non-persistent buffer: without the rebuild hook they are uninitialised memory."""
+    model = _model(name)
+    loaded = Transformer(_config(name).model, init=False)
+    loaded.load_state_dict(model.state_dict())
+    for ours, theirs in zip(model.buffers(), loaded.buffers()):
+        assert torch.equal(ours, theirs)
+    with torch.no_grad():
+        assert torch.equal(model(_ids())[0], loaded(_ids())[0])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kv_cached_decoding_gives_the_full_forwards_logits(name):
+    model, ids = _model(name), _ids()
+    cache, pieces, start = KVCache(), [], 0
+    with torch.no_grad():
+        full = model(ids)[0]
+        for end in (9, 10, 17, T):
+            pieces.append(model(ids[:, start:end], kv_cache=cache)[0])
+            start = end
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-5)
+
+
+def _gradients(model: Transformer, inplace) -> dict[str, torch.Tensor]:
+    for rope in model.ropes:
+        rope.inplace = inplace
+    model.train()
+    model.zero_grad()
+    model(_ids(), targets=_ids(2))[1].backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_default_path_gives_the_reference_gradients_and_learned_parameters_get_theirs(name):
+    model = _model(name)
+    default, reference = _gradients(model, None), _gradients(model, False)
+    assert default.keys() == reference.keys()
+    for key in reference:
+        torch.testing.assert_close(default[key], reference[key], atol=1e-6, rtol=1e-5)
+    learned = position_parameters(model)
+    assert bool(learned) == POSITION_TYPES[name].learned
+    for parameter_name, parameter in model.named_parameters():
+        if id(parameter) in learned:
+            assert parameter_name in default and default[parameter_name].abs().sum() > 0, parameter_name
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_learned_position_parameters_are_not_shared_nor_decayed(name):
+    model = _model(name)
+    learned = position_parameters(model)
+    optimizer = build_optimizer(model, TrainConfig(weight_decay=0.1))
+    decayed = {id(p) for group in optimizer.param_groups if group["weight_decay"] for p in group["params"]}
+    assert not learned & decayed
+    if POSITION_TYPES[name].learned:
+        assert len({id(rope) for rope in model.ropes}) == model.config.n_layer
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_export_route_is_the_declared_one_and_keeps_the_logits(name, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from ropelab.export.hf import save_hf
+    from ropelab.sources.exported import load_export
+
+    model = _model(name)
+    info = save_hf(model, tmp_path / "hf")
+    assert info["route"] == CASES[name][1], info.get("why")
+    with torch.no_grad():
+        ours = model(_ids())[0]
+        if info["route"] == "remote_code":
+            assert torch.equal(load_export(tmp_path / "hf")(_ids())[0], ours)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+        torch.testing.assert_close(theirs(input_ids=_ids()).logits, ours, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_extrapolation_scales_only_what_declares_it_can(name):
+    config = _config(name).model
+    cells = plan_cells("run", config, 16, ExtrapolationSettings(lengths=(64,), methods=("yarn",)))
+    scaled = [cell for cell in cells if cell.method == "yarn" and cell.model_config is not None]
+    takes_scaling = config.positions_for_layer(0)[0].type.extrapolation is None  # asks the rotation's type
+    assert rotates(config) == takes_scaling and bool(scaled) == takes_scaling
+    if not takes_scaling and POSITION_TYPES[name].channel == "rotation" and config.rope.resolve_dims(64):
+        with pytest.raises(Exception, match="takes no model.rope.scaling"):
+            dataclasses.replace(config, rope=dataclasses.replace(config.rope, scaling=RopeScalingConfig(
+                method="yarn", factor=2.0, original_max_position=16))).validate()
