@@ -26,7 +26,7 @@ from typing import Optional
 from ropelab.config.checks import check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.rope import RopeConfig
-from ropelab.errors import ConfigError, quoted
+from ropelab.errors import ConfigError
 
 CHANNELS = ("rotation", "score_bias", "attention")
 NOPE_KEYS = {"fraction": 0.0, "rotary_dims": None, "scaling": None}  # the RoPE keys of a layer rotating nothing
@@ -131,7 +131,7 @@ class Position:
 def parse_position(entries: object, key: str = "model.position") -> list[Position]:
     """`model.position` as a list of `Position`, or a one-line ConfigError naming the entry and what is allowed."""
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{key}={quoted(entries)}: must be a non-empty list of {{type: ...}} entries, e.g. "
+        raise ConfigError(f"{key}={entries!r:.80}: must be a non-empty list of {{type: ...}} entries, e.g. "
                           "[{type: rope, fraction: 0.25}, {type: alibi}]")
     parsed, seen = [], {}
     rope_fields = {field.name for field in dataclasses.fields(RopeConfig)}
@@ -139,7 +139,7 @@ def parse_position(entries: object, key: str = "model.position") -> list[Positio
         where = f"{key}[{index}]"
         name = entry.get("type") if isinstance(entry, dict) else None
         if name not in POSITION_TYPES:
-            raise ConfigError(f"{where}.type={quoted(name)}: must be one of {', '.join(POSITION_TYPES)}")
+            raise ConfigError(f"{where}.type={name!r:.80}: must be one of {', '.join(POSITION_TYPES)}")
         kind = POSITION_TYPES[name]
         if kind.channel in seen or name in {p.type.name for p in parsed}:
             raise ConfigError(f"{where}: a second {kind.channel} entry ({name} after {seen.get(kind.channel, name)}); "
