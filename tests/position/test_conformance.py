@@ -142,3 +142,29 @@ def test_extrapolation_scales_only_what_declares_it_can(name):
         with pytest.raises(Exception, match="takes no model.rope.scaling"):
             dataclasses.replace(config, rope=dataclasses.replace(config.rope, scaling=RopeScalingConfig(
                 method="yarn", factor=2.0, original_max_position=16))).validate()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_forcing_the_fast_paths_gives_the_reference_rotation(name):
+    """The in-place rotation and the kernels rebuild plain cos/sin from the frequencies: a type that
+    declares no fast_kernels (FoPE) must take the reference path even when in place is forced."""
+    model = _model(name)
+    with torch.no_grad():
+        for rope in model.ropes:
+            rope.inplace = False
+        reference = model(_ids())[0]
+        for rope in model.ropes:
+            rope.inplace = True
+        torch.testing.assert_close(model(_ids())[0], reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_probes_channel_map_counts_only_turning_pairs(name):
+    from ropelab.probe.channels import layer_rope
+
+    model = _model(name)
+    for layer, block in enumerate(model.blocks):
+        turning = int((block.attn.rope.inv_freq > 0).sum()) if block.attn.rope.rotary_dims else 0
+        assert int(layer_rope(model.config, layer).rotated_mask.sum()) == 2 * turning
+    if name == "fope":
+        assert 0 < turning < model.blocks[0].attn.rope.rotary_dims // 2  # some pairs clipped, some turning

@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 from ropelab.config import ModelConfig
-from ropelab.rope import inverse_frequencies, layer_frequencies
+from ropelab.position.registry import ROTATIONS
+from ropelab.rope import inverse_frequencies
 from ropelab.rope.pairs import channel_order, kept_pairs
 
 UNROTATED = -1
@@ -51,7 +52,7 @@ def _tuples(x: list) -> tuple:
 
 
 def _turns(inv_freq: tuple) -> tuple:
-    return tuple(_turns(f) if isinstance(f, tuple) else 2 * math.pi / f for f in inv_freq)
+    return tuple(_turns(f) if isinstance(f, tuple) else 2 * math.pi / f if f else math.inf for f in inv_freq)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,12 @@ class LayerRope:
 
     @property
     def rotated_mask(self) -> torch.Tensor:
-        """(head_dim,) bool: True for the channels that rotate."""
-        return channel_pairs(self.head_dim, self.rotary_dims, self.layout) != UNROTATED
+        """(head_dim,) bool: True for the channels that rotate; a pair at frequency 0 (FoPE's clipped
+        pairs) turns at no position, so its channels do not."""
+        pairs = channel_pairs(self.head_dim, self.rotary_dims, self.layout)
+        frequencies = self.inv_freq[0] if self.inv_freq and isinstance(self.inv_freq[0], tuple) else self.inv_freq
+        turning = torch.tensor([bool(f) for f in frequencies] + [False], dtype=torch.bool)
+        return turning[pairs]  # UNROTATED (-1) reads the appended False
 
     @property
     def wavelengths(self) -> tuple:
@@ -115,11 +120,13 @@ class LayerRope:
 
 
 def layer_rope(config: ModelConfig, layer: int) -> LayerRope:
-    """Layer `layer`'s RoPE: its frequencies as the model turns them (`layer_frequencies`, so scaling
-    included) and, under a plan, each KV head's kept pairs and the full-head spectrum."""
-    rope = config.rope_for_layer(layer)
+    """Layer `layer`'s RoPE: its frequencies as the layer's rotation module turns them (its registered
+    type's, `ropelab.position`: scaling included, FoPE's clipped ones 0) and, under a plan, each KV
+    head's kept pairs and the full-head spectrum."""
+    rope, (rotation, *_) = config.rope_for_layer(layer), config.positions_for_layer(layer)
     head_dim, kv_heads = config.head_size, config.kv_heads
-    inv_freq = _tuples(layer_frequencies(rope, head_dim, kv_heads).tolist())
+    module = ROTATIONS[rotation.type.name](rope, rotation.spec, head_dim, kv_heads)
+    inv_freq = _tuples(module.inv_freq.tolist())
     kept = kept_pairs(rope, head_dim, kv_heads)
     if kept is None:
         return LayerRope(head_dim, rope.resolve_dims(head_dim), rope.layout, float(rope.theta), inv_freq)
