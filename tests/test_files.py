@@ -129,7 +129,7 @@ def test_the_zip_writers_failure_takes_the_errno_a_write_meets_now(tmp_path, mon
     monkeypatch.setattr(files.tempfile, "mkstemp", full)
     with pytest.raises(OSError) as caught, as_os_error(tmp_path):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
-    assert caught.value.errno == errno.ENOSPC
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path)
 
 
 @pytest.mark.parametrize("raised", [RuntimeError("something else"), KeyboardInterrupt(), ValueError("x"),

@@ -122,7 +122,8 @@ _ZIP_WRITE_FAILED = "unexpected pos"  # torch's zip writer (torch.save) when a w
 
 
 def _os_error_behind(exc: BaseException, folder: Path) -> Optional[OSError]:
-    """The OSError behind a failed write reported as `exc`, or None when `exc` is not one."""
+    """The OSError behind a failed write into `folder` reported as `exc` (naming `folder` where `exc` names
+    no file), or None when `exc` is not one."""
     if isinstance(exc, OSError):
         return exc
     failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
@@ -133,13 +134,14 @@ def _os_error_behind(exc: BaseException, folder: Path) -> Optional[OSError]:
         return None
     number = _OS_ERROR.search(str(exc))
     if number is not None:
-        return OSError(int(number[1]), os.strerror(int(number[1])))
+        return OSError(int(number[1]), os.strerror(int(number[1])), str(folder))
     if isinstance(exc, RuntimeError) and _ZIP_WRITE_FAILED in str(exc):  # it drops the errno: ask the disk
         try:
             _write_probe(folder)
         except OSError as error:
-            return OSError(error.errno, error.strerror)
-        return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (torch's writer: {str(exc).splitlines()[0][:200]})")
+            return OSError(error.errno, error.strerror, str(folder))
+        return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (torch's writer: {str(exc).splitlines()[0][:200]})",
+                       str(folder))
     return None
 
 

@@ -4,7 +4,7 @@ may not write into (no permission) is a user's mistake (exit 2).
 
 Tests may run as root, whom chmod does not stop, so the read-only file system is a monkeypatch: under
 ``ro/`` every folder made and every file opened for writing fails with EROFS, as on a real one (os.mkdir,
-os.open, and open() from Python code). Before the fix every command but two (which refused their input
+os.open, and open() from Python code). Before the fix every command but fit (which refused its input
 first) escaped with an OSError traceback at its first write, eval longctx and extrapolation after all
 their work."""
 
@@ -123,6 +123,23 @@ def test_a_full_disk_at_out_stops_in_one_line_before_the_work(name, run, hf_fold
     code, stdout, lines = cli(command_line(name, run, hf_folder, study, out), capsys)
     assert code == 1 and stdout == ""
     assert_one_line(lines, f"ropelab: stopped: {out}: cannot write there (No space left on device)")
+
+
+def test_a_disk_filling_up_during_the_export_stops_it_in_one_line(run, tmp_path, capsys, monkeypatch):
+    """The check passes, then the weights do not fit: safetensors reports it as a SafetensorError naming the
+    OS error (measured on a 200 KiB tmpfs), which used to escape as a traceback."""
+    import safetensors
+    import transformers.modeling_utils
+
+    def full(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    code, stdout, lines = cli(["export", run, "--out", tmp_path / "hf"], capsys)
+    ours = [line for line in lines if "ropelab" in line or "Traceback" in line]  # not transformers' progress bar
+    assert code == 1 and stdout == ""
+    assert_one_line(ours, "ropelab: stopped: OSError: [Errno 28] No space left on device: ", str(tmp_path / ".tmp_hf_"))
+    assert list(tmp_path.iterdir()) == []  # the half-built folder removed, no hf/
 
 
 def test_an_out_without_write_permission_is_a_users_mistake(run, tmp_path, capsys, monkeypatch):
