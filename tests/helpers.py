@@ -48,13 +48,14 @@ def parity_tolerance(magnitude: float, layers: int, sums: Sequence[int], dtype: 
     random steps: Higham and Mary, "A new approach to probabilistic rounding error analysis", 2019),
     and storing the result adds u of its own format (u32 again in float32, 2^-8 in bf16). `sums` are
     the lengths of the sums one block's output goes through in turn (`block_sums`): their independent
-    errors add in quadrature. Each residual block adds its error to the residual stream, and the output
-    head one more product, so over `layers` blocks they grow as sqrt(layers + 1), and the logits, a
-    linear read-out of that stream, carry the relative error times their `magnitude` (the largest
-    |logit|, which for logits spread like a Gaussian also carries the few-sigma factor of the largest
-    of many errors). `angle_positions`: where one side forms RoPE angles position * frequency in
-    float32 and the other in float64 (ropelab's default), the float32 angle at position p is off by up
-    to u32 * p radians (frequencies <= 1), a relative error of q and k of that size; the largest p.
+    errors add in quadrature (a sum whose error is amplified g times counts g^2 times its length).
+    Each residual block adds its error to the residual stream, and the output head one more product,
+    so over `layers` blocks they grow as sqrt(layers + 1), and the logits, a linear read-out of that
+    stream, carry the relative error times their `magnitude` (the largest |logit|, which for logits
+    spread like a Gaussian also carries the few-sigma factor of the largest of many errors).
+    `angle_positions`: where one side forms RoPE angles position * frequency in float32 and the other
+    in float64 (ropelab's default), the float32 angle at position p is off by up to u32 * p radians
+    (frequencies <= 1), a relative error of q and k of that size; the largest p.
 
     Measured against it (fp32, Intel AMX): SmolLM2-135M over 1,024 tokens (30 layers, |logits| <= 44.6)
     differs from transformers by 1.7e-4 where it allows 1.1e-3; one weight 1% off (the largest of the
@@ -64,22 +65,46 @@ def parity_tolerance(magnitude: float, layers: int, sums: Sequence[int], dtype: 
     return magnitude * math.sqrt(layers + 1) * per_block
 
 
-def block_sums(config, keys: int) -> list[int]:
+def block_sums(config, keys: int, scores: float = 1.0) -> list[int]:
     """The lengths of the sums a block of ropelab ModelConfig `config` computes one after the other over
     `keys` attended tokens: the attention norm, the q/k/v projections, q.k, the weighted sum of values,
-    the output projection, the MLP norm, its input projections and its output projection."""
+    the output projection, the MLP norm, its input projections and its output projection. Softmax turns
+    an absolute error of a score into a relative error of its weight, so the q.k sum's relative error
+    reaches the weights times the largest |score| `scores` (`largest_attention_score`) where above 1."""
     d = config.d_model
-    return [d, d, config.head_size, keys, config.n_head * config.head_size, d, d, config.d_ff]
+    qk = round(config.head_size * max(1.0, scores) ** 2)
+    return [d, d, qk, keys, config.n_head * config.head_size, d, d, config.d_ff]
+
+
+def largest_attention_score(model, idx: torch.Tensor) -> float:
+    """The largest |q.k| / sqrt(head_size) of ropelab Transformer `model`'s attention over tokens `idx`."""
+    largest = []
+
+    def measure(attention, args):
+        x, positions, *_, norm = args  # Attention(x, position_ids, doc_ids, kv_cache, norm)
+        q, k, _ = attention.queries_keys_values(x, positions, norm)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        largest.append((q @ k.transpose(-1, -2)).tril().abs().max().item() / q.shape[-1] ** 0.5)
+
+    hooks = [block.attn.register_forward_pre_hook(measure) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(largest)
 
 
 def assert_logits_match(ours: torch.Tensor, reference: torch.Tensor, config, angles_differ: bool = False,
-                        keys: Optional[int] = None) -> None:
+                        keys: Optional[int] = None, scores: float = 1.0) -> None:
     """`ours` (..., T, V) within `parity_tolerance` of `reference` (its dtype and largest |logit|) for a
-    model of ropelab ModelConfig `config` whose queries attend to up to `keys` tokens (default T).
+    model of ropelab ModelConfig `config` whose queries attend to up to `keys` tokens (default T), with
+    attention scores up to `scores` (weights far from a trained model's: see `block_sums`).
     `angles_differ`: one side forms RoPE angles in float32, the other in float64, at positions < keys."""
     assert ours.shape == reference.shape, (ours.shape, reference.shape)
     keys = reference.shape[-2] if keys is None else keys
-    tolerance = parity_tolerance(reference.abs().max().item(), config.n_layer, block_sums(config, keys),
+    tolerance = parity_tolerance(reference.abs().max().item(), config.n_layer, block_sums(config, keys, scores),
                                  reference.dtype, keys - 1 if angles_differ else 0)
     diff = (ours.float() - reference.float()).abs().max().item()
     assert diff <= tolerance, f"logits differ by up to {diff:.3g}, beyond the {tolerance:.3g} rounding explains"

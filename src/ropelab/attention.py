@@ -274,7 +274,8 @@ def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Document
         raise ValueError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "local" and window is None:
         backend = "auto"
-    if backend == "local" and window[0] == "chunked" and isinstance(doc_ids, Documents) and doc_ids.chunk_start is not None:
+    shifted_chunks = isinstance(doc_ids, Documents) and doc_ids.chunk_start is not None
+    if backend == "local" and window[0] == "chunked" and shifted_chunks:
         backend = "varlen"  # local's blocks are chunks from token 0 of every row
     if doc_ids is None:
         if backend == "local" or (backend == "auto" and window is not None and local_is_cheaper(window, tokens)):
@@ -307,7 +308,7 @@ def attend(
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
     if Tq != T or key_start:
         start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
-        first = first_key(window, tokens - Tq, 0 if start is None else start)  # token index of the first key a query sees
+        first = first_key(window, tokens - Tq, 0 if start is None else start)  # the first key a query sees
         if first < key_start:
             raise ValueError(f"attend: the queries see keys from token {first} on, but the cache holds them "
                              f"from token {key_start} only")

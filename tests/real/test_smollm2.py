@@ -11,6 +11,7 @@ import torch
 from ropelab.config import build_run_config
 from ropelab.sources import load, run_config
 from ropelab.train.loop import train
+from tests.helpers import assert_logits_match
 
 SHORT = ["data.seq_len=32", "train.micro_batch=1", "train.eval_batches=1", "train.progress=false",
          "train.tensorboard=false", "train.lr=1e-4"]
@@ -40,9 +41,8 @@ def test_export_is_a_native_llama_with_its_tokenizer(smollm2_folder, tmp_path):
     text = "The capital of France is Paris. The capital of Italy is"
     ids = tokenizer(text, return_tensors="pt").input_ids
     assert ids[0].tolist() == ours.encode_batch([text])[0]
-    with torch.no_grad():
-        diff = (hf(ids).logits - model(ids)[0]).abs().max().item()
-    assert diff <= 1e-4
+    with torch.no_grad():  # transformers forms the RoPE angles in float32, ropelab in float64
+        assert_logits_match(model(ids)[0], hf(ids).logits, model.config, angles_differ=True)
 
 
 def test_distill_a_small_student_from_smollm2(smollm2_folder, tmp_path):

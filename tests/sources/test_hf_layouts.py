@@ -1,9 +1,9 @@
 """Hybrid layouts through Hugging Face: SmolLM3's NoPE layers and sliding windows, Qwen2/Qwen3's
 sliding-window layers. Configs read into layer kinds and written back unchanged; tiny random models
 saved by transformers, loaded by ropelab with HF's logits (fp32, within what rounding explains:
-tests/helpers.py's parity_tolerance, beyond the window too), exported back natively with the same logits; ropelab layouts exported as SmolLM3 or
-Qwen3 where those hold them, else as ropelab's own code; the hybrid releases ropelab does not
-convert refused in one line naming what it lacks."""
+tests/helpers.py's parity_tolerance, beyond the window too), exported back natively with the same
+logits; ropelab layouts exported as SmolLM3 or Qwen3 where those hold them, else as ropelab's own
+code; the hybrid releases ropelab does not convert refused in one line naming what it lacks."""
 
 from __future__ import annotations
 
