@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 from typing import Optional, Union
 
@@ -23,7 +22,7 @@ from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
 from ropelab.layers import fusable, residual_add, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
-from ropelab.position.registry import ROTATIONS, SCORE_BIASES, rebuild_after_meta
+from ropelab.position.registry import SCORE_BIASES, build_rotation, rebuild_after_meta, rotation_setting
 from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -204,12 +203,9 @@ class Transformer(nn.Module):
         ropes: dict[str, RotaryEmbedding] = {}
         layer_ropes = []
         for layer in range(config.n_layer):
-            rope_config, (rotation, *_) = config.rope_for_layer(layer), config.positions_for_layer(layer)
-            key = repr((rotation.type.name, rotation.spec, dataclasses.astuple(rope_config)))
-            key += f" layer {layer}" if rotation.type.learned else ""
-            if key not in ropes:  # its own copy: switching a phase's theta changes the module, not `config`
-                ropes[key] = ROTATIONS[rotation.type.name](copy.deepcopy(rope_config), rotation.spec,
-                                                           config.head_size, config.kv_heads)
+            key = rotation_setting(config, layer)[0]
+            if key not in ropes:
+                ropes[key] = build_rotation(config, layer)
             layer_ropes.append(ropes[key])
         self.ropes = list(ropes.values())
         device = torch.get_default_device()
@@ -321,9 +317,8 @@ class Transformer(nn.Module):
             settings = tuple(repr(getattr(wanted, key)) for key in keys)
             if (id(rope), settings) not in serving:
                 module = rope
-                if id(rope) in taken:
-                    module = RotaryEmbedding(copy.deepcopy(rope.config), rope.head_dim, rope.kv_heads)
-                    module.inplace = rope.inplace
+                if id(rope) in taken:  # a copy keeps the module's type (`ropelab.position`) and its settings
+                    module = copy.deepcopy(rope)
                     self.ropes.append(module)
                 taken.add(id(rope))
                 if "theta" in keys:

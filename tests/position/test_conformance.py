@@ -168,3 +168,15 @@ def test_the_probes_channel_map_counts_only_turning_pairs(name):
         assert int(layer_rope(model.config, layer).rotated_mask.sum()) == 2 * turning
     if name == "fope":
         assert 0 < turning < model.blocks[0].attn.rope.rotary_dims // 2  # some pairs clipped, some turning
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_memory_formula_counts_the_tables_the_model_holds(name):
+    from ropelab.study.memory import layer_kind_memory
+
+    model, length = _model(name), 40
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (1, length)))
+    (row,) = layer_kind_memory(model.config, length, "fp32")
+    assert row["rope_table_bytes"] == sum(rope.cache_bytes() for rope in model.ropes)
+    assert row["position"] == sorted({entry.type.name for entry in model.config.positions_for_layer(0)})

@@ -25,13 +25,13 @@ holds, as HF's sliding-window caches and ropelab's `KVCache` do).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Optional
 
 from ropelab.config import ConfigError, ModelConfig
 from ropelab.config import resolve_rotary_dims
-from ropelab.rope import RotaryEmbedding, table_cache_bytes
+from ropelab.position.registry import build_rotation, rotation_setting
+from ropelab.rope import table_cache_bytes
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEFAULT_SEQ_LENS = [2**k for k in range(11, 24, 1)] + [10_000_000]
@@ -129,17 +129,19 @@ def layer_kind_memory(config: ModelConfig, seq_len: int, dtype: str = "bf16") ->
         row = rows.setdefault(name, {
             "kind": name, "layers": [], "attention": kind.attention, "window": kind.window,
             "rotary_dims": set(), "temperature": kind.temperature is not None, "seq_len": seq_len,
-            "rope_table_bytes": 0, "kv_cache_bytes": 0,
+            "rope_table_bytes": 0, "kv_cache_bytes": 0, "position": set(),
         })
         row["layers"].append(layer)
         row["rotary_dims"].add(rope.resolve_dims(config.head_size))
         row["kv_cache_bytes"] += kv_cache_bytes(config, layer, seq_len, dtype)
-        setting = repr(dataclasses.astuple(rope))  # as `Transformer` shares its RotaryEmbedding modules
+        row["position"].update(entry.type.name for entry in config.positions_for_layer(layer))
+        setting = rotation_setting(config, layer)[0]  # as `Transformer` shares its rotation modules
         if setting not in counted:
             counted.add(setting)
-            row["rope_table_bytes"] += RotaryEmbedding(rope, config.head_size, config.kv_heads).table_bytes(seq_len)
+            row["rope_table_bytes"] += build_rotation(config, layer).table_bytes(seq_len)
     for row in rows.values():
         row["rotary_dims"] = sorted(row["rotary_dims"])
+        row["position"] = sorted(row["position"])
     return list(rows.values())
 
 
