@@ -180,3 +180,22 @@ def test_the_memory_formula_counts_the_tables_the_model_holds(name):
     (row,) = layer_kind_memory(model.config, length, "fp32")
     assert row["rope_table_bytes"] == sum(rope.cache_bytes() for rope in model.ropes)
     assert row["position"] == sorted({entry.type.name for entry in model.config.positions_for_layer(0)})
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_resumed_run_continues_as_the_uninterrupted_one(name, tmp_path, tiny_overrides):
+    """Resuming builds the model on the meta device (`Transformer(init=False)`) and loads the checkpoint."""
+    import shutil
+
+    from ropelab.train import checkpoint as ckpt
+    from ropelab.train.loop import train
+    from ropelab.train.metrics import read_metrics
+
+    overrides = tiny_overrides + [f"model.position={CASES[name][0].replace('trained_length: 16', 'trained_length: 32')}"]
+    train(build_run_config(overrides=overrides), tmp_path / "full")
+    train(build_run_config(overrides=overrides), tmp_path / "part")
+    shutil.rmtree(ckpt.checkpoint_dir(tmp_path / "part") / "step_00000008")
+    (tmp_path / "part" / "result.json").unlink()
+    train(out_dir=tmp_path / "part", resume=True)
+    losses = [[(r["step"], r["loss"]) for r in read_metrics(tmp_path / run)] for run in ("full", "part")]
+    assert losses[0] == losses[1]
