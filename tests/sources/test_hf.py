@@ -45,12 +45,12 @@ def _tokens(seed: int = 1) -> torch.Tensor:
 
 
 def _assert_same_logits(ours: Transformer, theirs) -> None:
-    """ropelab forms RoPE angles in float64, transformers in float32."""
+    """ropelab forms RoPE angles in float64, transformers in float32 (both in bf16 too)."""
     idx = _tokens()
     with torch.no_grad():
         a = ours(idx)[0]
         b = theirs(input_ids=idx).logits
-    assert a.shape == (2, T, VOCAB)
+    assert a.shape == (2, T, VOCAB) and a.dtype == b.dtype
     assert_logits_match(a, b, ours.config, angles_differ=True)
 
 
@@ -71,17 +71,18 @@ def _ropelab(config: ModelConfig) -> Transformer:
 # ------------------------------------------------------------------ ropelab -> HF
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "config, hf_class",
     [(LLAMA, "LlamaForCausalLM"), (QWEN3, "Qwen3ForCausalLM"), (NEOX, "GPTNeoXForCausalLM")],
     ids=["llama-gqa", "qwen3-qknorm", "neox-parallel-0.25"],
 )
-def test_to_hf_logits_match(config, hf_class):
+def test_to_hf_logits_match(config, hf_class, dtype):
     ours = _ropelab(config)
     theirs = to_hf(ours, attn_implementation="eager")
     assert type(theirs).__name__ == hf_class
     assert sum(p.numel() for p in theirs.parameters()) == ours.num_params()
-    _assert_same_logits(ours, theirs)
+    _assert_same_logits(ours.to(dtype), theirs.to(dtype))
 
 
 def test_to_hf_neox_rotary_pct_and_tied_embeddings():
