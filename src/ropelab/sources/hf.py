@@ -19,6 +19,7 @@ import re
 import torch
 from torch import nn
 
+from ropelab.config import ConfigError
 from ropelab.model import Transformer
 from ropelab.sources.hf_archs import ARCHS, Arch
 from ropelab.sources.hf_config_read import arch_of, model_config_from_hf
@@ -27,6 +28,8 @@ from ropelab.sources.transformers_lib import require_transformers
 
 _QKV = re.compile(r"(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)")
 _FUSED = re.compile(r"(blocks\.\d+\.attn\.)qkv\.(weight|bias)")
+# buffers some transformers versions save that are no weights: RoPE frequencies, GPT-NeoX 4.x's causal masks
+_NOT_WEIGHTS = ("inv_freq", "attention.bias", "attention.masked_bias")
 
 
 def _fuse_qkv(state: dict, n_head: int, head_dim: int) -> dict:
@@ -111,6 +114,11 @@ def from_hf(hf_model) -> Transformer:
             state[key] = torch.zeros_like(target[key])
         else:
             raise ValueError(f"{arch.model_class}: weight {hf_key} (for ropelab {key}) not found")
+    unused = sorted(set(hf_state) - {_rename(key, modules) for key in keys} - {
+        k for k in hf_state if k.endswith(_NOT_WEIGHTS)})
+    if unused:  # a weight ropelab would drop computes something ropelab's model does not (a position encoding)
+        raise ConfigError(f"{arch.model_class}: weight {unused[0]} has no place in ropelab's model"
+                          f"{f' (and {len(unused) - 1} more)' if len(unused) > 1 else ''}; not convertible exactly")
     if arch.fused_qkv:
         state = _split_qkv(state, config.n_head, config.head_size)
     model.load_state_dict(state, strict=True)

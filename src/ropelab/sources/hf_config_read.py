@@ -68,6 +68,13 @@ def _read_rope(hf_config) -> tuple[float, float, RopeScalingConfig | None]:
     if rope_type != "default" and rope_type not in SCALING_FIELDS:
         raise ConfigError(f"{hf_config.model_type}: rope_type={rope_type!r} has no ropelab equivalent "
                           f"(ropelab reads default, {', '.join(SCALING_FIELDS)})")
+    read = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings",
+            *(HF_FIELD_NAMES.get(name, name) for name in SCALING_FIELDS.get(rope_type, ()))}
+    flat_scaling = {key for key, value in scaling.items() if not isinstance(value, dict)}  # 5.x may nest it
+    unknown = sorted((set(params) | flat_scaling) - read)
+    if unknown:  # a position setting ropelab would drop: its model would compute something else
+        raise ConfigError(f"{hf_config.model_type}: rope parameter {unknown[0]!r} (rope_type={rope_type}) has no "
+                          f"ropelab equivalent; ropelab reads {', '.join(sorted(read))}")
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
     theta = theta or getattr(hf_config, "rotary_emb_base", None)  # transformers 4.x GPT-NeoX
     pct = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))

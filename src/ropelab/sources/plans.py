@@ -35,6 +35,10 @@ def check_source(config: ModelConfig, name: str) -> None:
     """A plan selects pairs of the full-head spectrum: every layer of the source must rotate all of its
     head's channels, without a plan of its own."""
     for layer in range(config.n_layer):
+        rotation = config.positions_for_layer(layer)[0].type
+        if rotation.rope_keys and not rotation.fast_kernels:  # declared: not plain cos/sin of position x frequency
+            raise ConfigError(f"{name}: layer {layer} is {rotation.label} ({rotation.summary}); a RoPE plan selects "
+                              "pairs of plain RoPE, whose angles are position x frequency")
         rope = config.rope_for_layer(layer)
         dims = rope.resolve_dims(config.head_size)
         if rope.has_plan or dims != config.head_size:
