@@ -2,10 +2,18 @@
 `ropelab.config.ConfigError`)."""
 
 import errno
+import reprlib
+
+QUOTE_LIMIT = 200  # characters of an offending value an error message quotes
+MESSAGE_LIMIT = 2000  # characters of a ConfigError's line
 
 
 class ConfigError(ValueError):
-    """A user's configuration is invalid. The message is one line naming the key."""
+    """A user's configuration is invalid. The message is one line naming the key; a message that would
+    be longer, or span lines, is cut to its first `MESSAGE_LIMIT` characters on one line."""
+
+    def __str__(self) -> str:
+        return bounded(" ".join(super().__str__().splitlines()), MESSAGE_LIMIT)
 
 
 class TrainingDiverged(RuntimeError):
@@ -21,6 +29,24 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
     """An exception as one line for a user-facing message: its type and the first line of its text."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the cut marked by an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# repr of at most 20 items per list or mapping, 3 levels deep, 200 characters per string or number:
+# bounded work however large, deep or shared the value is
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = QUOTE_LIMIT
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 20
+
+
+def quoted(value: object) -> str:
+    """`repr(value)` for an error message: one line of at most `QUOTE_LIMIT` characters."""
+    return bounded(_SHORT_REPR.repr(value), QUOTE_LIMIT)
 
 
 def load_failure(exc: BaseException, trust_remote_code: bool, limit: int = 300) -> str:

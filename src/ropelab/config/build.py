@@ -1,12 +1,11 @@
 """A validated `RunConfig` from defaults, a model preset, a YAML file's dict and dotted overrides
-(``model.rope.fraction=0.25``): `build_run_config`, and the YAML and override parsing it uses."""
+(``model.rope.fraction=0.25``): `build_run_config`, and the override parsing it uses."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,17 +13,20 @@ import yaml
 from ropelab.config.coerce import from_dict
 from ropelab.config.model import ModelConfig
 from ropelab.config.run import RunConfig
-from ropelab.errors import ConfigError
+from ropelab.config.yaml_files import YAMLRefused, parse_yaml
+from ropelab.errors import ConfigError, quoted
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``"model.rope.fraction=0.25"`` -> ``("model.rope.fraction", 0.25)`` (value parsed as YAML)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected key=value, e.g. model.rope.fraction=0.25")
+        raise ConfigError(f"override {quoted(text)}: expected key=value, e.g. model.rope.fraction=0.25")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw) if raw != "" else ""
+    except YAMLRefused as exc:
+        raise ConfigError(f"{key.strip()}: {exc.problem}") from None
+    except yaml.YAMLError:  # not YAML: the text as it is
         value = raw
     return key.strip(), value
 
@@ -53,21 +55,6 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
             child = node[part] = {}
         node = child
     node[parts[-1]] = value
-
-
-def load_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of config keys")
-    return data
 
 
 def build_run_config(

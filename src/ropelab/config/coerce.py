@@ -9,7 +9,7 @@ import typing
 from typing import Any, Literal
 
 from ropelab.config.checks import finite_number
-from ropelab.errors import ConfigError
+from ropelab.errors import ConfigError, quoted
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -24,21 +24,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce(value, inner[0], key)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(repr(a) for a in args)}")
+            raise ConfigError(f"{key}={quoted(value)}: must be one of {', '.join(repr(a) for a in args)}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {quoted(value)}")
         return from_dict(tp, value, key)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: must be true or false")
+            raise ConfigError(f"{key}={quoted(value)}: must be true or false")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
-            raise ConfigError(f"{key}={value!r}: must be an integer")
+            raise ConfigError(f"{key}={quoted(value)}: must be an integer")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "4e-4" (no dot) as a string
@@ -47,21 +47,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r}: must be a number")
+            raise ConfigError(f"{key}={quoted(value)}: must be a number")
         return finite_number(value, key)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}={value!r}: must be a string")
+            raise ConfigError(f"{key}={quoted(value)}: must be a string")
         return value
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}={value!r}: must be a mapping")
+            raise ConfigError(f"{key}={quoted(value)}: must be a mapping")
         if len(args) == 2 and dataclasses.is_dataclass(args[1]):
             return {name: _coerce(item, args[1], f"{key}.{name}") for name, item in value.items()}
         return value
     if origin is list or tp is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}={value!r}: must be a list")
+            raise ConfigError(f"{key}={quoted(value)}: must be a list")
         if args:
             return [_coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
         return value

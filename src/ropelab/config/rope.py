@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from ropelab.config.checks import check_float, check_ints
-from ropelab.errors import ConfigError
+from ropelab.errors import ConfigError, quoted
 
 
 def resolve_rotary_dims(head_dim: int, fraction: float = 1.0, rotary_dims: Optional[int] = None) -> int:
@@ -108,7 +108,7 @@ class RopeScalingConfig:
                 values = getattr(self, name)
                 if not isinstance(values, list) or not all(
                         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
-                    raise ConfigError(f"{key}.{name}={values!r}: must be a list of numbers > 0, one per rotated pair")
+                    raise ConfigError(f"{key}.{name}={quoted(values)}: must be a list of numbers > 0, one per rotated pair")
                 if len(values) != rotary_dims // 2:
                     raise ConfigError(f"{key}.{name}: {len(values)} values but the layer rotates {rotary_dims // 2} "
                                       f"pairs (rotary_dims/2 = {rotary_dims}/2); give one per rotated pair")
@@ -218,7 +218,7 @@ class RopeConfig:
                 raise ConfigError(f"{where}: must be a list of pair indices (integers in 0..{n_pairs - 1}) "
                                   "or one such list per KV head")
             if any(not 0 <= i < n_pairs for i in kept) or len(set(kept)) != len(kept):
-                raise ConfigError(f"{where}={kept}: pair indices must be distinct integers in 0..{n_pairs - 1}")
+                raise ConfigError(f"{where}={quoted(kept)}: pair indices must be distinct integers in 0..{n_pairs - 1}")
             if len(kept) != len(lists[0]):
                 raise ConfigError(f"{where}: keeps {len(kept)} pairs but the first head keeps {len(lists[0])}; "
                                   "every KV head keeps the same number")

@@ -20,9 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-from ropelab.config import DataConfig, ModelConfig, RunConfig, build_run_config
+from ropelab.config import DataConfig, ModelConfig, RunConfig, build_run_config, parse_yaml
 from ropelab.data.tokenizer import HFTokenizer
 from ropelab.files import new_folder, refuse_existing
 from ropelab.model import Transformer
@@ -62,7 +60,7 @@ def write_imported(model: Transformer, out_dir: str | Path, tokenizer_spec: str,
         spec = TOKENIZER if tokenizer is not None else tokenizer_spec  # relative: the folder may move
         if tokenizer is not None:
             tokenizer.tok.save(str(tmp / TOKENIZER))
-        config = build_run_config(yaml.safe_load(converted_run_config(model.config, spec).to_yaml()))  # validated, as loading reads it
+        config = build_run_config(parse_yaml(converted_run_config(model.config, spec).to_yaml()))  # validated, as loading reads it
         (tmp / CONFIG).write_text(config.to_yaml())
         save_weights_only(tmp, 0, model, config)
         (tmp / IMPORT).write_text(json.dumps(record, indent=2))
