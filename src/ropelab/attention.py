@@ -249,7 +249,9 @@ def _varlen(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
 _compiled_flex = None
 
 
-def _flex(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
+def _flex(q, k, v, docs: Documents, window: Window, score_mod=None) -> torch.Tensor:
+    """Flex attention over the documents' block mask; `score_mod` (a score bias, `ropelab.attention_bias`)
+    changes each score where it is computed."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -259,7 +261,7 @@ def _flex(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         kernel = _compiled_flex
     block_mask = docs.block_mask(q.shape[2], q.device, window)
-    return kernel(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+    return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def flex_available() -> bool:

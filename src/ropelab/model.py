@@ -127,7 +127,7 @@ class Attention(nn.Module):
             k, v = kv_cache.update(k, v, self.layer, {"window": self.window})  # (B, K, L + T, D)
             key_start = seen + T - k.shape[2]
         if self.score_bias is not None:
-            y = attend_with_bias(q, k, v, doc_ids, self.window, key_start, self.score_bias)  # (B, H, T, D)
+            y = attend_with_bias(q, k, v, doc_ids, self.window, key_start, self.score_bias, self.backend)
         else:
             y = attend(q, k, v, doc_ids, self.backend, window=self.window, key_start=key_start)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))

@@ -107,3 +107,16 @@ def test_parsing_positions_does_not_import_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.position=[{type: alibi, slope: 2}]", "model.position[0].slope: unknown key for type alibi"),
+    ("model.position=[{type: fope}]", "model.position[0].trained_length: required for fope"),
+])
+def test_the_command_line_says_it_in_one_line_and_writes_nothing(tmp_path, capsys, override, message):
+    from ropelab.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "r"), override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ropelab: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "r").exists()

@@ -199,3 +199,43 @@ def test_a_resumed_run_continues_as_the_uninterrupted_one(name, tmp_path, tiny_o
     train(out_dir=tmp_path / "part", resume=True)
     losses = [[(r["step"], r["loss"]) for r in read_metrics(tmp_path / run)] for run in ("full", "part")]
     assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_pair_plan_converts_only_plain_rope(name):
+    from ropelab.config import ConfigError
+    from ropelab.sources.plans import check_source
+
+    config = _config(name).model
+    rotation = config.positions_for_layer(0)[0].type
+    if rotation.fast_kernels and config.rope.resolve_dims(config.head_size) == config.head_size:
+        check_source(config, "source")
+    else:
+        with pytest.raises(ConfigError, match=f"layer 0 (is {rotation.label}|has no RoPE|rotates)"):
+            check_source(config, "source")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_long_context_length_guard_asks_the_encoding(name):
+    from ropelab.evaluate.longctx import length_limit
+
+    config = _config(name).model
+    unbounded = all(any(entry.type.any_length for entry in config.positions_for_layer(layer))
+                    for layer in range(config.n_layer))
+    assert length_limit(config) == (float("inf") if unbounded else config.max_seq_len)
+    assert unbounded == (name == "alibi")
+
+
+@pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
+def test_a_score_bias_through_flex_gives_the_dense_result(name):
+    """flex takes the bias as its score_mod (no (T, T) bias tensor); eager (and slow) on the CPU: one call."""
+    from ropelab.attention import flex_available
+    from ropelab.attention_bias import attend_with_bias
+
+    if not flex_available():
+        pytest.skip("no flex attention in this torch")
+    bias = _model(name).blocks[0].attn.score_bias
+    q, k, v = torch.randn(2, 4, T, 16), torch.randn(2, 2, T, 16), torch.randn(2, 2, T, 16)
+    doc_ids = torch.cat([torch.zeros(2, 10, dtype=torch.long), torch.ones(2, T - 10, dtype=torch.long)], 1)
+    dense = attend_with_bias(q, k, v, doc_ids, None, 0, bias, "dense")
+    torch.testing.assert_close(attend_with_bias(q, k, v, doc_ids, None, 0, bias, "flex"), dense, atol=1e-5, rtol=1e-5)

@@ -43,7 +43,8 @@ class PositionType:
     every path). `fast_kernels`: its transform is cos/sin of position x frequency, so the C, Triton
     and in-place rotations apply. `kv_cache`: what a KV cache holds for it. `extrapolation`: None
     where RoPE scaling (linear, NTK, YaRN, ...) applies to it, else why `eval extrapolation` refuses.
-    `hf_native`: an HF class may compute it (export still checks the round trip)."""
+    `hf_native`: an HF class may compute it (export still checks the round trip). `any_length`: it is
+    meant to run past the model's max_seq_len as it is (long-context evaluation lets it)."""
 
     name: str
     label: str  # as reports write it
@@ -56,6 +57,7 @@ class PositionType:
     kv_cache: str = "keys and values after the q/k transform"
     extrapolation: Optional[str] = None
     hf_native: bool = False
+    any_length: bool = False
 
 
 POSITION_TYPES: dict[str, PositionType] = {}
@@ -114,7 +116,7 @@ register_position(PositionType("fope", "FoPE", FopeSpec, "rotation", "Fourier po
                                    "FoPE clips frequencies at its trained length and mixes them by learned "
                                    "coefficients; RoPE scaling would move what it clips")))
 register_position(PositionType("alibi", "ALiBi", AlibiSpec, "score_bias", "attention with linear biases",
-                               kv_cache="keys and values only (the bias comes from token indices)",
+                               kv_cache="keys and values only (the bias comes from token indices)", any_length=True,
                                extrapolation="ALiBi has no frequency to scale; it runs at any length as it is"))
 
 

@@ -188,6 +188,15 @@ def torch_device(name: Optional[str]) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def length_limit(model_config) -> float:
+    """The most positions a prompt may take: the model's max_seq_len, or none where every layer has RoPE
+    scaling or an encoding declared to run at any length (`any_length`: ALiBi), both meant to run past it."""
+    layers = range(model_config.n_layer)
+    scaled = any(model_config.rope_for_layer(layer).scaling is not None for layer in layers)
+    any_length = all(any(entry.type.any_length for entry in model_config.positions_for_layer(layer)) for layer in layers)
+    return float("inf") if scaled or any_length else model_config.max_seq_len
+
+
 def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -> _Run:
     """Everything about one run that can be checked without its weights; ConfigError on any problem."""
     config, _ = sources.load_config(run)  # of the checkpoint's phase: its theta and training length
@@ -212,8 +221,7 @@ def _prepare(run: str, label: str, settings: LongContextSettings, cache: dict) -
         cache[key] = (tokenizer, validation, items)
     tokenizer, validation, items = cache[key]
     longest = max(it.positions for task_items in items.values() for it in task_items)
-    scaled = any(config.model.rope_for_layer(layer).scaling is not None for layer in range(config.model.n_layer))
-    limit = float("inf") if scaled else config.model.max_seq_len  # scaled RoPE is meant to run past it
+    limit = length_limit(config.model)
     if longest > limit:
         raise ConfigError(
             f"{run}: prompts of up to {max(settings.lengths)} tokens plus the answer need {longest} positions, "
@@ -333,7 +341,7 @@ def evaluate_longctx(
 
 
 __all__ = [
-    "greedy_along", "score_items",
+    "greedy_along", "score_items", "length_limit",
     "summarize_cell", "log_buckets", "documents", "position_windows", "loss_by_position", "bucket_means",
     "validation_split", "torch_device", "progress_bar", "trained_length", "evaluate_longctx",
 ]

@@ -41,5 +41,14 @@ class Alibi(nn.Module):
         distance = (query_index[:, None] - key_index[None, :]).float()  # (Tq, Tk)
         return -self.slopes.float()[:, None, None] * distance
 
+    def score_mod(self):
+        """The bias as flex attention's score_mod (no (T, T) tensor is formed)."""
+        slopes = self.slopes.float()
+
+        def alibi(score, batch, head, query_index, key_index):
+            return score - slopes[head] * (query_index - key_index)
+
+        return alibi
+
     def extra_repr(self) -> str:
         return f"heads={self.n_head}, max_bias={self.spec.max_bias:g}"
