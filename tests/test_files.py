@@ -61,6 +61,15 @@ def test_plain_folder_names_pass():
     assert check_folder_name("nope-seed1.5_x+y", "k") == "nope-seed1.5_x+y"
 
 
+def test_folder_names_are_at_most_100_characters_and_quoted_short():
+    """Before: a 300-character variant name passed, and the run's folder failed with ENAMETOOLONG."""
+    assert check_folder_name("v" * 100, "k") == "v" * 100
+    with pytest.raises(ConfigError) as err:
+        check_folder_name("v" * 300, "variants[0]: run id")
+    message = str(err.value)
+    assert message.endswith(": names a folder, so it may be at most 100 characters long, not 300") and len(message) < 300
+
+
 def test_new_folder_removes_only_the_temporary_folders_of_killed_calls(tmp_path):
     gone = subprocess.Popen(["true"])
     gone.wait()

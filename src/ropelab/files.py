@@ -14,7 +14,8 @@
   as_os_error(folder)           a failed write in the block raised as the OSError behind it, however the
                                 writing library reported it
   check_folder_name(name, key)  a name from a config or the command line that names a folder inside
-                                --out (a study's run id): one path component, never ``..``
+                                --out (a study's run id): one path component, never ``..``, at most 100
+                                characters
   refuse_links_out(folder, ...) a one-line ConfigError for a link in `folder` leading out of it, before a
                                 command that writes and prunes there follows it into someone else's files
   one_at_a_time(lock_file)      an exclusive flock held for a block: a second process waits for the
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from ropelab.config import ConfigError
-from ropelab.errors import WriteFailed, is_storage_error
+from ropelab.errors import WriteFailed, is_storage_error, quoted
 
 
 @contextmanager
@@ -176,12 +177,19 @@ def _foreign_entry(folder: Path, patterns: tuple[str, ...], prefix: str = "") ->
     return None
 
 
+FOLDER_NAME_MAX = 100  # characters; file systems allow 255 bytes, and the folder's own files add to its path
+
+
 def check_folder_name(name: str, key: str) -> str:
-    """`name`, or a one-line ConfigError unless it is one plain folder name: letters, digits, ``. _ + -``,
-    not starting with a dot (no ``..``, no ``/``: the folder stays inside the one it is made in)."""
+    """`name`, or a one-line ConfigError unless it is one plain folder name of at most `FOLDER_NAME_MAX`
+    characters: letters, digits, ``. _ + -``, not starting with a dot (no ``..``, no ``/``: the folder
+    stays inside the one it is made in)."""
     if not re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*", name):
-        raise ConfigError(f"{key}={name!r}: names a folder, so it may hold only letters, digits and . _ + - "
+        raise ConfigError(f"{key}={quoted(name)}: names a folder, so it may hold only letters, digits and . _ + - "
                           "(not first: a dot)")
+    if len(name) > FOLDER_NAME_MAX:
+        raise ConfigError(f"{key}={quoted(name)}: names a folder, so it may be at most {FOLDER_NAME_MAX} characters "
+                          f"long, not {len(name)}")
     return name
 
 

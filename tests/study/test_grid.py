@@ -44,6 +44,38 @@ def test_unknown_study_key(tmp_path):
         load_study(path)
 
 
+def test_a_300_character_variant_name_is_one_line(tmp_path, capsys):
+    """Before: the dry run passed, and the real run stopped in an OSError traceback (file name too long)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nbase: {{preset: tiny-llama}}\nvariants: [{{name: {'v' * 300}}}]\n")
+    assert main(["study", "--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ropelab: error: variants[0]: run id='vvv")
+    assert err.endswith("names a folder, so it may be at most 100 characters long, not 300\n")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("base: 5", "base=5: must be a mapping"),
+    ("base: [1]", "base=[1]: must be a mapping"),
+    ("name: [1]", "name=[1]: must be a string"),
+    ("target_loss: x", "target_loss='x': must be a number"),
+    ("teacher_cache: x", "teacher_cache='x': must be true or false"),
+    ("longctx: 5", "longctx=5: must be a mapping"),
+    ("grid: {5: [1]}", "grid.5: a grid key is a dotted config key, e.g. model.rope.fraction"),
+    ("variants: [{name: a, 5: 1}]", "variants[0].5: a variant's keys are its name and dotted config keys"),
+])
+def test_study_keys_of_a_wrong_type_are_one_line(tmp_path, capsys, line, message):
+    """Before: `base: 5` and an int grid or variant key ended in AttributeError tracebacks; `name: [1]`,
+    `target_loss: x` and `teacher_cache: x` were taken as they were."""
+    path = tmp_path / "s.yaml"
+    text = {"name": "name: s", "base": "base: {preset: tiny-llama, train: {steps: 2}}", "variants": "variants: [{name: a}]"}
+    text[line.split(":")[0]] = line
+    path.write_text("\n".join(text.values()) + "\n")
+    assert main(["study", "--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_dry_runs(path, capsys):
     from ropelab.config import load_yaml

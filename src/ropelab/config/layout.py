@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from ropelab.config.checks import check_float, check_ints
-from ropelab.errors import ConfigError
+from ropelab.errors import QUOTE_LIMIT, ConfigError, bounded, quoted
 
 @dataclass
 class QueryTemperature:
@@ -67,7 +67,7 @@ class LayerKind:
 
     def validate(self, key: str) -> None:
         if isinstance(self.rope, str) and self.rope != "none":
-            raise ConfigError(f"{key}.rope={self.rope!r}: must be a mapping of model.rope keys or 'none' (NoPE)")
+            raise ConfigError(f"{key}.rope={quoted(self.rope)}: must be a mapping of model.rope keys or 'none' (NoPE)")
         if self.attention == "full":
             if self.window is not None:
                 raise ConfigError(f"{key}.window={self.window}: only for attention: sliding or chunked "
@@ -79,16 +79,19 @@ class LayerKind:
 
 def check_pattern(pattern: str, kinds: dict, n_layer: int) -> None:
     """`model.layer_pattern` names only kinds of `model.layer_kinds` and repeats a whole number of times."""
+    for name in kinds:
+        if not isinstance(name, str):
+            raise ConfigError(f"model.layer_kinds.{quoted(name)}: a layer kind is named by one character, a string "
+                              "(in YAML, quote a digit: '1')")
+        if len(name) != 1:
+            raise ConfigError(f"model.layer_kinds.{bounded(name, QUOTE_LIMIT)}: a layer kind is named by one character")
     if not isinstance(pattern, str) or not pattern:
-        raise ConfigError(f"model.layer_pattern={pattern!r}: must be a non-empty string, one character per layer "
-                          "kind (e.g. 'LLLG')")
+        raise ConfigError(f"model.layer_pattern={quoted(pattern)}: must be a non-empty string, one character per "
+                          "layer kind (e.g. 'LLLG')")
     if n_layer % len(pattern):
-        raise ConfigError(f"model.layer_pattern={pattern!r}: its length {len(pattern)} must divide "
+        raise ConfigError(f"model.layer_pattern={quoted(pattern)}: its length {len(pattern)} must divide "
                           f"model.n_layer={n_layer}")
     unknown = sorted(set(pattern) - set(kinds))
     if unknown:
-        raise ConfigError(f"model.layer_pattern={pattern!r}: layer kind {unknown[0]!r} is not in model.layer_kinds "
+        raise ConfigError(f"model.layer_pattern={quoted(pattern)}: layer kind {unknown[0]!r} is not in model.layer_kinds "
                           f"(defined: {', '.join(sorted(kinds)) or 'none'})")
-    for name in kinds:
-        if not (isinstance(name, str) and len(name) == 1):
-            raise ConfigError(f"model.layer_kinds.{name}: a layer kind is named by one character")

@@ -13,7 +13,17 @@ from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.layout_presets import LAYOUT_PRESETS
 from ropelab.config.position import Position, default_position, parse_position, rope_overlay
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
-from ropelab.errors import ConfigError
+from ropelab.errors import ConfigError, quoted
+
+
+def _layer_index(key: object) -> Optional[int]:
+    """The layer a `model.rope_layers` key names: an int, or its decimal text as a dotted override writes it
+    (``model.rope_layers.3.fraction=0``); None for anything else (a bool, a float, ``"03"``)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit() and key == str(int(key)):
+        return int(key)
+    return None
 
 
 def _lay_over(rope: RopeConfig, override: dict, key: str) -> RopeConfig:
@@ -117,9 +127,19 @@ class ModelConfig:
             check_pattern(self.layer_pattern, self.layer_kinds, self.n_layer)
             for name, kind in self.layer_kinds.items():
                 kind.validate(f"model.layer_kinds.{name}")
-        for layer in self.rope_layers:
-            if not (0 <= int(layer) < self.n_layer):
-                raise ConfigError(f"model.rope_layers.{layer}: layer index must be in [0, {self.n_layer})")
+        indices = {}
+        for layer, override in self.rope_layers.items():
+            index = _layer_index(layer)
+            if index is None or not 0 <= index < self.n_layer:
+                raise ConfigError(f"model.rope_layers.{quoted(layer)}: a layer index must be a whole number in "
+                                  f"[0, {self.n_layer}), e.g. model.rope_layers={{3: {{fraction: 0}}}}")
+            if index in indices:
+                raise ConfigError(f"model.rope_layers: layer {index} is given twice (as {quoted(indices[index])} "
+                                  f"and {quoted(layer)})")
+            indices[index] = layer
+            if override is not None and not isinstance(override, dict):
+                raise ConfigError(f"model.rope_layers.{index}={quoted(override)}: must be a mapping of model.rope "
+                                  "keys, e.g. {fraction: 0}")
         overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
         overridden |= {layer for layer in range(self.n_layer) if self.layer_kind(layer).rope_override()}
         layers = set(overridden)
@@ -168,7 +188,7 @@ class ModelConfig:
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "ModelConfig":
         if name not in MODEL_PRESETS:
-            raise ConfigError(f"preset={name!r}: unknown; choose one of {', '.join(MODEL_PRESETS)}")
+            raise ConfigError(f"preset={quoted(name)}: unknown; choose one of {', '.join(MODEL_PRESETS)}")
         cfg = copy.deepcopy(MODEL_PRESETS[name])
         return dataclasses.replace(cfg, **overrides) if overrides else cfg
 

@@ -12,7 +12,7 @@ import yaml
 
 from ropelab.config.checks import FLOAT32_TINY, SEED_MAX, TOKENS_MAX, check_float, check_ints
 from ropelab.config.model import ModelConfig
-from ropelab.errors import ConfigError
+from ropelab.errors import ConfigError, quoted
 
 
 # ----------------------------------------------------------------------------- data
@@ -104,6 +104,17 @@ class PhaseConfig:
                     f"train.* (optimiser and schedule) and {', '.join(self.MODEL_KEYS)} (and its sub-keys; "
                     "a layer kind's rope.theta and rope.scaling too)"
                 )
+
+    def check_layer_kinds(self, key: str, pattern: Optional[str]) -> None:
+        """Each layer kind the overrides name (``model.layer_kinds.G.rope.theta``) is one of `pattern`'s
+        (kinds are case-sensitive: a ``g`` would be a new kind no layer has, changing nothing)."""
+        kinds = sorted(set(pattern or ""))
+        for name in self.overrides:
+            match = re.fullmatch(r"model\.layer_kinds\.([^.]+)\..+", name)
+            if match and match[1] not in kinds:
+                has = f"its kinds are {', '.join(kinds)}; kinds are case-sensitive" if kinds else "none is set"
+                raise ConfigError(f"{key}.overrides.{name}: layer kind {quoted(match[1])} is not in model.layer_pattern "
+                                  f"({has})")
 
 
 @dataclass
@@ -296,6 +307,8 @@ class RunConfig:
         self.model.validate()
         self.data.validate()
         self.train.validate()
+        for i, phase in enumerate(self.train.phases):
+            phase.check_layer_kinds(f"train.phases[{i}]", self.model.layer_pattern)
         if self.distill is not None:
             self.distill.validate()
             top_k, vocab = self.distill.top_k, self.model.vocab_size

@@ -19,9 +19,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-from ropelab.config import ConfigError, RunConfig, build_run_config
+from ropelab.config import ConfigError, RunConfig, build_run_config, read_yaml
+from ropelab.errors import quoted
 from ropelab.files import write_atomically
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.phases import phase_at, resolve_phases
@@ -58,26 +57,73 @@ def read_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {CONFIG}; not a ropelab run directory")
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of config keys; the file is damaged")
     try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the file is damaged") from None
-    config = build_run_config(data)
+        config = build_run_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     inside = Path(run_dir) / config.data.tokenizer
     if not Path(config.data.tokenizer).is_absolute() and inside.is_file():
         config.data.tokenizer = str(inside.resolve())
     return config
 
 
+def _number(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _phases(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(p, dict) and isinstance(p.get("name"), str) and
+                                           _count(p.get("end_step")) and _number(p.get("val_loss")) for p in value)
+
+
+def _record(value: object) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+_NUMBER, _COUNT, _RECORD = ("a number or null", _number), ("a whole number >= 0", _count), ("an object or null", _record)
+# result.json's keys (the trainer's TrainResult): what each may hold, and the check of it
+RESULT_FIELDS = {"run_dir": ("a string", lambda value: isinstance(value, str)), "steps": _COUNT,
+                 "final_train_loss": _NUMBER, "final_val_loss": _NUMBER, "tokens": _COUNT, "wall_time_s": _NUMBER,
+                 "tokens_per_s": _NUMBER, "skipped_steps": _COUNT,
+                 "phases": ('a list of {"name", "end_step", "val_loss"}', _phases),
+                 "init_from": _RECORD, "branch_from": _RECORD}
+RESULT_REQUIRED = ("steps",)
+
+
 def read_result(run_dir: Path) -> Optional[dict]:
-    """`result.json` of a finished run, or None while it has none."""
+    """`result.json` of a finished run, or None while it has none; a one-line ConfigError naming the
+    file, and the key, when it is not a JSON object of `RESULT_FIELDS`."""
     path = Path(run_dir) / RESULT
     if not path.is_file():
         return None
+    damaged = f"{path}: the file is damaged:"
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not readable JSON ({type(exc).__name__}); the file is damaged") from None
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{damaged} not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{damaged} not UTF-8 text") from None
+    except RecursionError:
+        raise ConfigError(f"{damaged} nested too deep to be a result") from None
+    if not isinstance(result, dict):
+        raise ConfigError(f"{damaged} expected a JSON object with keys {', '.join(RESULT_FIELDS)}")
+    for key in RESULT_REQUIRED:
+        if key not in result:
+            raise ConfigError(f"{damaged} no {key!r} key")
+    for key, value in result.items():
+        if key not in RESULT_FIELDS:
+            raise ConfigError(f"{damaged} unknown key {quoted(key)}; allowed: {', '.join(RESULT_FIELDS)}")
+        allowed, holds = RESULT_FIELDS[key]
+        if not holds(value):
+            raise ConfigError(f"{damaged} {key}={quoted(value)}: must be {allowed}")
+    return result
 
 
 def write_result(run_dir: Path, result: dict) -> None:

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
-import yaml
-
-from ropelab.config import ConfigError, ModelConfig, RunConfig, from_dict, set_dotted
+from ropelab.config import ConfigError, ModelConfig, RunConfig, from_dict, read_yaml, set_dotted
+from ropelab.errors import quoted
 from ropelab.sources.runs import read_result
 
 UNIT_SUFFIX = {"tokens_per_param": "tpp", "tokens": "tok"}
@@ -156,21 +155,46 @@ def frontier_runs(run_id: str, variant: str, tree: dict, config: RunConfig,
 
 
 def read_study_record(study_dir: Path) -> dict:
-    """The study's study.yaml ({} for a folder without one); one line when it is damaged."""
+    """The study's study.yaml ({} for a folder without one): its `name`, `runs` mapping run ids to their
+    configs and, in a frontier study, `frontier` mapping run ids to `FrontierRun` fields; a one-line
+    ConfigError naming the file and key when it is not."""
     path = Path(study_dir) / "study.yaml"
     if not path.is_file():
         return {}
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not readable YAML ({type(exc).__name__}); the study record is damaged") from None
+    record = read_yaml(path)
+    if record is None:
+        return {}
+    damaged = f"{path}: the study record is damaged:"
+    if not isinstance(record, dict):
+        raise ConfigError(f"{damaged} expected a mapping of name, runs and frontier, got {quoted(record)}")
+    if isinstance(record.get("name"), (dict, list)):
+        raise ConfigError(f"{damaged} name={quoted(record['name'])}: must be the study's name (a string)")
+    for key in ("runs", "frontier"):
+        entries = record.get(key, {})
+        if not isinstance(entries, dict):
+            raise ConfigError(f"{damaged} {key}={quoted(entries)}: must map run ids to mappings")
+        for run_id, entry in entries.items():
+            if not isinstance(run_id, str) or not isinstance(entry, dict):
+                raise ConfigError(f"{damaged} {key}.{quoted(run_id)}: must map a run id (a string) to a mapping, "
+                                  f"got {quoted(entry)}")
+            if key == "frontier":
+                _frontier_run(entry, f"{path}: frontier.{run_id}")
+    return record
+
+
+def _frontier_run(entry: dict, key: str) -> FrontierRun:
+    missing = [f.name for f in dataclasses.fields(FrontierRun) if f.default is dataclasses.MISSING and f.name not in entry]
+    if missing:
+        raise ConfigError(f"{key}: no {missing[0]!r}; the study record is damaged")
+    return from_dict(FrontierRun, entry, key)
 
 
 def read_frontier_record(study_dir: Path) -> dict[str, FrontierRun]:
     """{run id: FrontierRun} from the study's study.yaml ({} for a study without a frontier, or a folder
     without study.yaml)."""
-    record = read_study_record(study_dir)
-    return {run_id: FrontierRun(**entry) for run_id, entry in (record.get("frontier") or {}).items()}
+    path = Path(study_dir) / "study.yaml"
+    return {run_id: _frontier_run(entry, f"{path}: frontier.{run_id}")
+            for run_id, entry in read_study_record(study_dir).get("frontier", {}).items()}
 
 
 def frontier_points(study_dir: Path, roles: tuple[str, ...] = ("cooldown",),

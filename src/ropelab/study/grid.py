@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ropelab.config import ConfigError, RunConfig, build_run_config, load_yaml, parse_override, set_dotted
+from ropelab.config import ConfigError, RunConfig, build_run_config, from_dict, load_yaml, parse_override, set_dotted
+from ropelab.errors import quoted
 from ropelab.evaluate.extrapolation import make_settings
 from ropelab.files import check_folder_name
 from ropelab.sources.init import run_config
@@ -72,7 +73,11 @@ def load_study(path: str | Path) -> StudyConfig:
     allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier"}
     for key in data:
         if key not in allowed:
-            raise ConfigError(f"{path}: unknown study key {key!r}; allowed: {', '.join(sorted(allowed))}")
+            raise ConfigError(f"{path}: unknown study key {quoted(key)}; allowed: {', '.join(sorted(allowed))}")
+    try:
+        study = from_dict(StudyConfig, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     extrapolation = data.get("extrapolation")
     if extrapolation is not None:  # checked now, not after training
         if not isinstance(extrapolation, dict):
@@ -86,7 +91,7 @@ def load_study(path: str | Path) -> StudyConfig:
             parse_frontier(data["frontier"])
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
-    return StudyConfig(**data)
+    return study
 
 
 def expand(study: StudyConfig) -> list[PlannedRun]:
@@ -94,6 +99,8 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
     if not isinstance(study.grid, dict) or not isinstance(study.variants, list):
         raise ConfigError("study: `grid` must map keys to lists and `variants` must be a list")
     for key, values in study.grid.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"grid.{quoted(key)}: a grid key is a dotted config key, e.g. model.rope.fraction")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid.{key}: must be a non-empty list of values")
     variants = study.variants or [{}]
@@ -104,7 +111,11 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
     frontier = parse_frontier(study.frontier) if study.frontier is not None else None
     for index, variant in enumerate(variants):
         if not isinstance(variant, dict):
-            raise ConfigError(f"variants: each entry must be a mapping, got {variant!r}")
+            raise ConfigError(f"variants: each entry must be a mapping, got {quoted(variant)}")
+        if not all(isinstance(key, str) for key in variant):
+            key = next(key for key in variant if not isinstance(key, str))
+            raise ConfigError(f"variants[{index}].{quoted(key)}: a variant's keys are its name and dotted config "
+                              "keys, e.g. model.rope.fraction")
         variant = dict(variant)
         name = str(variant.pop("name", "")) or "-".join(f"{k.split('.')[-1]}{_value_text(v)}" for k, v in variant.items())
         for values in itertools.product(*(study.grid[k] for k in keys)):

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ropelab.config import ConfigError
+from ropelab.study.frontier import read_study_record
 from ropelab.study.plots import BAND_CMAPS, plot_final_loss, plot_loss_curves
 from ropelab.study.run_folders import collect_runs
 from ropelab.study.sections import Section, report_sections
@@ -168,10 +169,7 @@ def json_safe(v: Any) -> Any:
 
 
 def _study_title(study_dir: Path) -> str:
-    import yaml
-
-    record = study_dir / "study.yaml"
-    name = (yaml.safe_load(record.read_text()) or {}).get("name") if record.is_file() else None
+    name = read_study_record(study_dir).get("name")
     return f"Study report: {name}" if name else "Partial-RoPE study report"
 
 
@@ -184,7 +182,8 @@ def write_report(
     if not (Path(study_dir) / "runs").is_dir():
         what = "no such folder" if not Path(study_dir).is_dir() else "not a study folder (no runs/ in it)"
         raise ConfigError(f"{study_dir}: {what}; give the folder `ropelab study --out` wrote")
-    runs = collect_runs(study_dir)
+    runs = collect_runs(study_dir)  # the run folders and study.yaml are checked before anything is written
+    title = _study_title(Path(study_dir))
     rows = summarize(runs, target=target)
     out = Path(out_dir) if out_dir is not None else Path(study_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +208,6 @@ def write_report(
         for name, data in section.images.items():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             (out / name).write_bytes(data)
-    title = _study_title(Path(study_dir))
     paths["report.md"].write_text(render_markdown(rows, sections, title))
     paths["report.html"].write_text(render_html(rows, images, sections, title))
     return paths

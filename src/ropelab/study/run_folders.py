@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import yaml
+
+from ropelab.config import ConfigError, read_yaml
+from ropelab.sources.runs import read_result
 
 __all__ = ["Run", "collect_runs", "read_metrics_tolerant"]
 
@@ -91,18 +93,13 @@ def collect_runs(study_dir: str | Path) -> list[Run]:
         run = Run(id=path.name, path=path, status="incomplete")
         cfg_path = path / "config.yaml"
         try:
-            run.config = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
+            run.config = (read_yaml(cfg_path) or {}) if cfg_path.is_file() else {}
             if not isinstance(run.config, dict):
-                raise yaml.YAMLError("top level is not a mapping")
-        except (yaml.YAMLError, OSError) as exc:
-            run.config, run.status, run.error = {}, "invalid", f"config.yaml unreadable: {exc}".splitlines()[0]
+                raise ConfigError(f"{cfg_path}: top level is not a mapping")
+        except ConfigError as exc:
+            run.config, run.status, run.error = {}, "invalid", str(exc)
         run.metrics = read_metrics_tolerant(path / "metrics.jsonl")
-        result_path = path / "result.json"
-        if result_path.is_file():
-            try:
-                run.result = json.loads(result_path.read_text())
-            except json.JSONDecodeError:
-                run.result = None
+        run.result = read_result(path)
         error_path = path / "error.txt"
         # a result.json outweighs an error.txt: another attempt (a concurrent run, a re-run) finished the run
         if error_path.is_file() and run.result is None:
