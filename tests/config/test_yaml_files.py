@@ -108,6 +108,16 @@ def test_invalid_yaml_names_the_line_and_problem(tmp_path):
         f"{tmp_path / 'run.yaml'} (line 3): not valid YAML (expected ',' or ']', but got '<stream end>')")
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("data: {corpus: 2024-13-45}\n", "'2024-13-45' is not a valid timestamp"),  # YAML reads it as a date
+    ("train:\n  steps: !!int x\n", "'x' is not a valid int"),
+    ("seed: !!timestamp x\n", "'x' is not a valid timestamp"),
+])
+def test_a_value_its_tag_cannot_make_is_one_line(tmp_path, text, problem):
+    """Before: the conversion's ValueError or AttributeError came out as a traceback."""
+    assert refusal(tmp_path, text) == f"{tmp_path / 'run.yaml'} (line {text.count(chr(10))}): not valid YAML ({problem})"
+
+
 def test_an_override_is_read_by_the_same_rules():
     with pytest.raises(ConfigError, match=r"^model.rope_layers: key 1 is given twice"):
         parse_override("model.rope_layers={1: {fraction: 0}, 1: {fraction: 1}}")

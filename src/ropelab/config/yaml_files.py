@@ -21,7 +21,7 @@ from typing import Any, Optional
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ropelab.errors import QUOTE_LIMIT, ConfigError, bounded
+from ropelab.errors import QUOTE_LIMIT, ConfigError, bounded, quoted
 
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 100_000
@@ -78,6 +78,15 @@ class StrictLoader(yaml.SafeLoader):
             raise YAMLRefused(f"aliases expand to more than {MAX_ALIAS_NODES:,} nodes (at *{bounded(event.anchor, QUOTE_LIMIT)}); "
                               "write the values out instead", event.start_mark)
         return node
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        """PyYAML's, with a scalar its tag cannot make (``2024-13-45`` read as a date, ``!!int x``) a
+        ConstructorError at its line instead of the ValueError or AttributeError of the conversion."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{quoted(node.value)} is not a valid {node.tag.rsplit(':', 1)[-1]}", node.start_mark) from None
 
     def refuse_repeated_keys(self, node: MappingNode) -> None:
         first_line: dict[Any, int] = {}
