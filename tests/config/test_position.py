@@ -120,3 +120,25 @@ def test_the_command_line_says_it_in_one_line_and_writes_nothing(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"ropelab: error: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_layer_kind_has_its_own_list():
+    config = _model("model.layer_pattern=AR", "model.layer_kinds={A: {position: [{type: alibi}]}, R: {}}")
+    assert _names(config, 0) == ["nope", "alibi"] and _names(config, 1) == ["rope"]
+    assert config.rope_for_layer(0).resolve_dims(config.head_size) == 0
+    # laid over model.rope, which model.position=[{type: alibi}] leaves rotating nothing: give the fraction
+    fope = _model("model.position=[{type: alibi}]", "model.layer_pattern=FA",
+                  "model.layer_kinds={F: {position: [{type: fope, trained_length: 64, theta: 500, fraction: 1}]}, A: {}}")
+    assert _names(fope, 0) == ["fope"] and _names(fope, 1) == ["nope", "alibi"]
+    assert fope.rope_for_layer(0).theta == 500.0 and fope.rope_for_layer(0).resolve_dims(fope.head_size) == 64
+
+
+@pytest.mark.parametrize("kinds, message", [
+    ("{A: {rope: none, position: [{type: alibi}]}}", "model.layer_kinds.A: set rope or position, not both"),
+    ("{A: {position: [{type: xpe}]}}", "model.layer_kinds.A.position[0].type='xpe': must be one of"),
+    ("{A: {position: [{type: fope}]}}", "model.layer_kinds.A.position[0].trained_length: required for fope"),
+])
+def test_a_kinds_bad_list_is_one_line_naming_the_kind(kinds, message):
+    with pytest.raises(ConfigError) as raised:
+        _model("model.layer_pattern=A", f"model.layer_kinds={kinds}")
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)

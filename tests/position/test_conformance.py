@@ -239,3 +239,20 @@ def test_a_score_bias_through_flex_gives_the_dense_result(name):
     doc_ids = torch.cat([torch.zeros(2, 10, dtype=torch.long), torch.ones(2, T - 10, dtype=torch.long)], 1)
     dense = attend_with_bias(q, k, v, doc_ids, None, 0, bias, "dense")
     torch.testing.assert_close(attend_with_bias(q, k, v, doc_ids, None, 0, bias, "flex"), dense, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_kinds_mix_encodings_in_one_model():
+    config = build_run_config(overrides=[
+        f"model.vocab_size={VOCAB}", "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2",
+        "model.layer_pattern=FA",
+        "model.layer_kinds={F: {position: [{type: fope, trained_length: 16}]}, A: {position: [{type: alibi}]}}"]).model
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    first, second = model.blocks[0].attn, model.blocks[1].attn
+    assert first.rope.position_type == "fope" and first.score_bias is None
+    assert second.rope.rotary_dims == 0 and second.score_bias is not None
+    ids, cache = _ids(), KVCache()
+    with torch.no_grad():
+        full = model(ids)[0]
+        pieces = [model(ids[:, :11], kv_cache=cache)[0], model(ids[:, 11:], kv_cache=cache)[0]]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-5)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from ropelab.config.checks import check_float, check_ints
+from ropelab.config.position import parse_position, rope_overlay
 from ropelab.errors import QUOTE_LIMIT, ConfigError, bounded, quoted
 
 @dataclass
@@ -47,12 +48,16 @@ class LayerKind:
     `attention`: ``full``; ``sliding`` (each query sees itself and the `window` - 1 tokens before it,
     HF's `sliding_window`); ``chunked`` (each query sees the earlier tokens of its own block of `window`
     tokens, HF's `attention_chunk_size`). Windows combine with the document mask.
-    `temperature`: Llama 4's NoPE query temperature; only on a NoPE kind."""
+    `temperature`: Llama 4's NoPE query temperature; only on a NoPE kind.
+    `position`: the kind's own list of position encodings in place of `model.position`
+    (`ropelab.config.position`, e.g. ``[{type: alibi}]``); its rotation entry's RoPE keys are the kind's
+    `rope` keys, laid over `model.rope` as `model.position` left it, so a kind sets one of the two."""
 
     rope: Optional[dict | str] = None
     attention: Literal["full", "sliding", "chunked"] = "full"
     window: Optional[int] = None
     temperature: Optional[QueryTemperature] = None
+    position: Optional[list] = None
 
     @property
     def nope(self) -> bool:
@@ -61,11 +66,18 @@ class LayerKind:
     def rope_override(self) -> dict:
         """The RoPE keys this kind lays over `model.rope`; for ``none``, no rotated channel and no scaling
         (whatever `model.rope` sets for the RoPE layers)."""
+        if self.position is not None:
+            return rope_overlay(parse_position(self.position, "model.layer_kinds.position"))
         if self.rope is None:
             return {}
         return {"fraction": 0.0, "rotary_dims": None, "scaling": None} if self.nope else dict(self.rope)
 
     def validate(self, key: str) -> None:
+        if self.position is not None:
+            if self.rope is not None:
+                raise ConfigError(f"{key}: set rope or position, not both (a position list's rotation entry takes "
+                                  "the RoPE keys)")
+            parse_position(self.position, f"{key}.position")
         if isinstance(self.rope, str) and self.rope != "none":
             raise ConfigError(f"{key}.rope={quoted(self.rope)}: must be a mapping of model.rope keys or 'none' (NoPE)")
         if self.attention == "full":

@@ -105,9 +105,13 @@ class ModelConfig:
         """The layer's position encodings (`ropelab.config.position`), its rotation first: `model.position`
         (or what `model.rope` alone spells), NoPE where the layer's RoPE rotates no channel."""
         rotary_dims = self.rope_for_layer(layer).resolve_dims(self.head_size)
-        if self.position is None:
+        kind = self.layer_kind(layer)
+        if kind.position is not None:
+            entries = parse_position(kind.position, f"model.layer_kinds.{self.kind_for_layer(layer)}.position")
+        elif self.position is not None:
+            entries = parse_position(self.position)
+        else:
             return default_position(rotary_dims)
-        entries = parse_position(self.position)
         if not rotary_dims:
             entries = default_position(0) + [entry for entry in entries if entry.type.channel != "rotation"]
         return entries
@@ -152,9 +156,12 @@ class ModelConfig:
             rope.validate(self.head_size, key)
             if rope.has_plan:
                 rope.validate_plan(self.head_size, key, self.kv_heads)
-        if self.position is not None:
-            for entry in parse_position(self.position):
-                entry.spec.validate(entry.key, self.head_size, self.n_head)
+        lists = [parse_position(self.position)] if self.position is not None else []
+        lists += [parse_position(kind.position, f"model.layer_kinds.{name}.position")
+                  for name, kind in self.layer_kinds.items() if kind.position is not None]
+        for entry in (entry for entries in lists for entry in entries):
+            entry.spec.validate(entry.key, self.head_size, self.n_head)
+        if lists:
             for layer in range(self.n_layer):
                 rotation = self.positions_for_layer(layer)[0]
                 if rotation.type.extrapolation and self.rope_for_layer(layer).scaling is not None:

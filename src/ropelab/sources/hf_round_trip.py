@@ -56,7 +56,7 @@ def _layer(config: ModelConfig, layer: int) -> dict:
     if scaling.get("method") == "linear":
         scaling["original_max_position"] = None
     resolved |= {f"scaling.{key}": value for key, value in scaling.items()}
-    kind = dataclasses.asdict(config.layer_kind(layer)) | {"rope": None}
+    kind = dataclasses.asdict(config.layer_kind(layer)) | {"rope": None, "position": None}  # resolved below
     positions = [f"{entry.type.name} {dataclasses.asdict(entry.spec)}" for entry in config.positions_for_layer(layer)]
     return {"position": positions} | {f"rope.{key}": value for key, value in resolved.items() if f"rope.{key}" not in ALLOWED} | {
         f"kind.{key}": value for key, value in kind.items()}
