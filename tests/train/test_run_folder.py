@@ -103,6 +103,21 @@ def test_resume_takes_only_the_runs_own_checkpoints(finished, tmp_path, capsys, 
         (mine / "result.json").unlink()
 
 
+def test_resume_of_a_finished_run_with_a_result_missing_a_key_is_one_line(finished, tmp_path, capsys):
+    """Before: a result.json without the trainer's final losses made `--resume` end in a TypeError traceback."""
+    import json
+
+    run_dir = shutil.copytree(finished, tmp_path / "run")
+    result = json.loads((run_dir / "result.json").read_text())
+    del result["final_val_loss"], result["wall_time_s"]
+    (run_dir / "result.json").write_text(json.dumps(result))
+    before = listing(run_dir)
+    err = refused(["train", "--out", str(run_dir), "--resume"], capsys)
+    assert "result.json: the file is damaged: no final_val_loss, wall_time_s" in err
+    after = listing(run_dir)
+    assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
+
+
 def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_zero(tmp_path, tiny_overrides, capsys):
     full, killed = tmp_path / "full", tmp_path / "killed"
     train(build_run_config(overrides=tiny_overrides), full)

@@ -16,7 +16,7 @@ import copy
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,7 +32,7 @@ from ropelab.files import refuse_links_out
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype
 from ropelab.sources.init import check_init, initial_weights
-from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
+from ropelab.sources.runs import CONFIG, RESULT, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.autocast import autocast, uses_bf16
 from ropelab.train.branch import BranchPoint, branch_point
@@ -136,6 +136,11 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
     if resume:
         result = read_result(run_dir)
         if result is not None:
+            missing = [f.name for f in fields(TrainResult) if f.name not in result and f.name != "run_dir"
+                       and f.default is MISSING and f.default_factory is MISSING]
+            if missing:
+                raise ConfigError(f"{run_dir / RESULT}: the file is damaged: no {', '.join(missing)}, which the trainer "
+                                  "writes when a run finishes; restore it, or train into a new --out")
             if env.is_main:
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
