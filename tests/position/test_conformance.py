@@ -14,7 +14,7 @@ import torch
 from ropelab.config import RunConfig, TrainConfig, build_run_config
 from ropelab.config.position import POSITION_TYPES
 from ropelab.config.rope import RopeScalingConfig
-from ropelab.evaluate.extrapolation import ExtrapolationSettings, plan_cells, rotates
+from ropelab.evaluate.extrapolation import ExtrapolationSettings, plan_cells, rotates, scaling_refusal
 from ropelab.kv_cache import KVCache
 from ropelab.model import Transformer
 from ropelab.position import ROTATIONS, SCORE_BIASES, position_parameters
@@ -138,10 +138,21 @@ def test_extrapolation_scales_only_what_declares_it_can(name):
     scaled = [cell for cell in cells if cell.method == "yarn" and cell.model_config is not None]
     takes_scaling = config.positions_for_layer(0)[0].type.extrapolation is None  # asks the rotation's type
     assert rotates(config) == takes_scaling and bool(scaled) == takes_scaling
+    if not takes_scaling:  # the report names the method the refusal is about (ALiBi, not the NoPE slot under it)
+        assert scaling_refusal(config).startswith(f"{POSITION_TYPES[name].label}: every method is the model itself")
     if not takes_scaling and POSITION_TYPES[name].channel == "rotation" and config.rope.resolve_dims(64):
         with pytest.raises(Exception, match="takes no model.rope.scaling"):
             dataclasses.replace(config, rope=dataclasses.replace(config.rope, scaling=RopeScalingConfig(
                 method="yarn", factor=2.0, original_max_position=16))).validate()
+
+
+def test_a_refusal_names_the_encoding_not_the_empty_rotation_slot_under_it():
+    """ALiBi alone rotates nothing (a NoPE slot): the extrapolation report must still say ALiBi."""
+    alibi = build_run_config(overrides=["model.position=[{type: alibi}]"]).model
+    assert scaling_refusal(alibi) == ("ALiBi: every method is the model itself; ALiBi has no frequency to scale; "
+                                      "it runs at any length as it is")
+    nope = build_run_config(overrides=["model.position=[{type: nope}]"]).model
+    assert scaling_refusal(nope).startswith("NoPE: every method is the model itself")
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -127,8 +127,10 @@ def scaling_refusal(model_config: ModelConfig) -> Optional[str]:
     """Why no scaling method changes the model, naming its position encoding; None where one does."""
     if rotates(model_config):
         return None
-    rotation = model_config.positions_for_layer(0)[0].type
-    return f"{rotation.label}: every method is the model itself; {rotation.extrapolation}"
+    named = [position.type for position in model_config.positions_for_layer(0)]
+    named = [kind for kind in named if kind.name != "nope"] or named  # ALiBi's layers rotate nothing: name ALiBi
+    return (f"{' + '.join(kind.label for kind in named)}: every method is the model itself; "
+            + "; ".join(kind.extrapolation for kind in named if kind.extrapolation))
 
 
 def scaled_config(model_config: ModelConfig, scaling: RopeScalingConfig, where: str) -> ModelConfig:
