@@ -32,7 +32,8 @@ def attend_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     window = check_window(window, tokens)
     if Tq == T and not key_start and resolve_backend(backend, doc_ids, q.device, window, T) == "flex":
         return _flex_with_bias(q, k, v, doc_ids, window, bias)
-    visible = window_mask(Tq, tokens, window, q.device, key_start)  # (Tq, T)
+    start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None  # a left-padded row's chunks
+    visible = window_mask(Tq, tokens, window, q.device, key_start, start)  # (Tq, T), or (B, 1, Tq, T) given start
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
     if ids is not None:
         visible = document_mask(ids, Tq)[..., key_start:] & visible  # (B, 1, Tq, T)

@@ -252,6 +252,21 @@ def test_a_score_bias_through_flex_gives_the_dense_result(name):
     torch.testing.assert_close(attend_with_bias(q, k, v, doc_ids, None, 0, bias, "flex"), dense, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
+def test_a_score_bias_counts_chunks_from_a_left_padded_rows_first_token(name):
+    """A left-padded row (Documents.chunk_start) gives its real tokens what the row alone gives them."""
+    from ropelab.attention import Documents
+    from ropelab.attention_bias import attend_with_bias
+
+    bias = _model(name).blocks[0].attn.score_bias
+    pad, length, window = 3, 13, ("chunked", 4)
+    q, k, v = torch.randn(1, 4, pad + length, 16), torch.randn(1, 2, pad + length, 16), torch.randn(1, 2, pad + length, 16)
+    doc_ids = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, length, dtype=torch.long)], 1)
+    padded = attend_with_bias(q, k, v, Documents(doc_ids, chunk_start=torch.tensor([pad])), window, 0, bias, "dense")
+    alone = attend_with_bias(q[:, :, pad:], k[:, :, pad:], v[:, :, pad:], None, window, 0, bias, "dense")
+    torch.testing.assert_close(padded[:, :, pad:], alone, atol=1e-6, rtol=1e-5)
+
+
 def test_layer_kinds_mix_encodings_in_one_model():
     config = build_run_config(overrides=[
         f"model.vocab_size={VOCAB}", "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2",
