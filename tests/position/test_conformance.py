@@ -260,7 +260,8 @@ def test_a_score_bias_counts_chunks_from_a_left_padded_rows_first_token(name):
 
     bias = _model(name).blocks[0].attn.score_bias
     pad, length, window = 3, 13, ("chunked", 4)
-    q, k, v = torch.randn(1, 4, pad + length, 16), torch.randn(1, 2, pad + length, 16), torch.randn(1, 2, pad + length, 16)
+    tokens = pad + length
+    q, k, v = torch.randn(1, 4, tokens, 16), torch.randn(1, 2, tokens, 16), torch.randn(1, 2, tokens, 16)
     doc_ids = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, length, dtype=torch.long)], 1)
     padded = attend_with_bias(q, k, v, Documents(doc_ids, chunk_start=torch.tensor([pad])), window, 0, bias, "dense")
     alone = attend_with_bias(q[:, :, pad:], k[:, :, pad:], v[:, :, pad:], None, window, 0, bias, "dense")
