@@ -38,10 +38,15 @@ def stdlib_entries() -> list[tuple[str, Path]]:
     return sorted(entries, key=lambda entry: Path(entry[0]).parts)
 
 
-def stdlib_files(split: str, val_percent: float = 2.0) -> list[Path]:
+def wants_validation(split: str) -> bool:
+    """Whether `split` names the validation split ('train' does not; anything else is an error)."""
     if split not in ("train", "validation"):
         raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    want_val = split == "validation"
+    return split == "validation"
+
+
+def stdlib_files(split: str, val_percent: float = 2.0) -> list[Path]:
+    want_val = wants_validation(split)
     return [path for relative, path in stdlib_entries() if in_validation(relative, val_percent) == want_val]
 
 

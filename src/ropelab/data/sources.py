@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional
 
 from ropelab import hub
 from ropelab.config import ConfigError
-from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_root, stdlib_text
+from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_files, stdlib_root, stdlib_text, wants_validation
 from ropelab.data.prose import EXTRACTION, stdlib_prose
 from ropelab.data.wiki import WIKI_CORPORA, corpus_identity, describe_wiki, wiki_articles
 from ropelab.errors import one_line
@@ -66,13 +66,14 @@ def builtin_documents(corpus: str, skip: int = 0) -> Iterator[tuple[str, str]]:
 
 
 def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Iterator[str]:
-    """The non-empty texts of one split of a built-in corpus, in the corpus's order."""
-    if split not in ("train", "validation"):
-        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    if corpus in BUILTIN_CORPORA:
-        want_validation = split == "validation"
-        return (text for key, text in builtin_documents(corpus)
-                if in_validation(key, val_percent) == want_validation and text.strip())
+    """The non-empty texts of one split of a built-in corpus, in the corpus's order (a stdlib corpus reads
+    only the split's files)."""
+    if corpus in STDLIB_CORPORA:
+        texts = map(STDLIB_CORPORA[corpus], stdlib_files(split, val_percent))
+        return (text for text in texts if text.strip())
+    if corpus in WIKI_CORPORA:
+        want_validation = wants_validation(split)
+        return (text for title, text in wiki_articles(corpus) if in_validation(title, val_percent) == want_validation)
     raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for {', '.join(BUILTIN_CORPORA)}; "
                       "prepare other sources into a token folder")
 
