@@ -69,8 +69,7 @@ class EssayText:
 
     def sentences(self, start: int, count: int) -> list[str]:
         """`count` words from word `start` on, going on at the text's start, split into sentences."""
-        rotated = self.words[start:] + self.words[:start]
-        words = (rotated * (count // len(rotated) + 1))[:count]
+        words = [self.words[(start + k) % len(self.words)] for k in range(count)]
         return _SENTENCE_BREAK.split(" ".join(words)) if words else []
 
     def repeats(self, count: int) -> bool:

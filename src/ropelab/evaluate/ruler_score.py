@@ -53,7 +53,12 @@ def share_found(output: str, references: Sequence[str]) -> float:
 
 def string_match_all(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """RULER's metric over items: 100 x the mean share of each item's references found in its output, 2 decimals."""
-    return round(100 * sum(share_found(o, r) for o, r in zip(outputs, references)) / len(outputs), 2)
+    return score_of_shares([share_found(o, r) for o, r in zip(outputs, references)])
+
+
+def score_of_shares(shares: Sequence[float]) -> float:
+    """`string_match_all` of items whose shares of references found are `shares`."""
+    return round(100 * sum(shares) / len(shares), 2)
 
 
 def wilson_interval(mean: float, n: int) -> tuple[float, float]:
@@ -70,7 +75,7 @@ def summarize_ruler_cell(results: Sequence[dict]) -> dict:
     shares = [share_found(r["output"], r["references"]) for r in results]
     low, high = wilson_interval(float(np.mean(shares)), len(shares))
     return {
-        "score": string_match_all([r["output"] for r in results], [r["references"] for r in results]),
+        "score": score_of_shares(shares),
         "n": len(results), "interval": [round(100 * low, 2), round(100 * high, 2)],
         "mrr": float(np.mean([1.0 / r["rank"] for r in results])),
         "acc_at_1": float(np.mean([r["top1"] for r in results])),

@@ -255,9 +255,19 @@ class CommonWords:
         example = CWE_PROMPT.format(context=numbered(example_list)) + " " + numbered(example_words[: self.num_cw])
         repeats = (6, 1) if short else (self.freq_cw, self.freq_ucw)
 
+        orders: dict[int, tuple[list[str], np.ndarray]] = {}
+
+        def source_order(size: int) -> tuple[list[str], np.ndarray]:
+            """The list a haystack of `size` words draws from (the second one past wonderwords') and its
+            seeded order, each shuffled once per plan."""
+            stream = 0 if size <= len(pool) else 7
+            if stream not in orders:
+                source = pool if stream == 0 else more_common_words()
+                orders[stream] = source, rng_of(seed, stream).permutation(len(source))
+            return orders[stream]
+
         def sample(size: int) -> Sample:
-            source, stream = (pool, 0) if size <= len(pool) else (more_common_words(), 7)
-            order = rng_of(seed, stream).permutation(len(source))
+            source, order = source_order(size)
             words = [source[i] for i in order[:size]]
             entries = self._shuffled(rng_of(seed, 2, size), words, repeats)
             text = example + "\n" + CWE_PROMPT.format(context=numbered(entries))
