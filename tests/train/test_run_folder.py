@@ -113,7 +113,7 @@ def test_resume_of_a_finished_run_with_a_result_missing_a_key_is_one_line(finish
     (run_dir / "result.json").write_text(json.dumps(result))
     before = listing(run_dir)
     err = refused(["train", "--out", str(run_dir), "--resume"], capsys)
-    assert "result.json: the file is damaged: no final_val_loss, wall_time_s" in err
+    assert "result.json: the file is damaged: no 'final_val_loss', 'wall_time_s' keys" in err
     after = listing(run_dir)
     assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, read_yaml
 from ropelab.errors import quoted
@@ -97,9 +97,9 @@ RESULT_FIELDS = {"run_dir": ("a string", lambda value: isinstance(value, str)), 
 RESULT_REQUIRED = ("steps",)
 
 
-def read_result(run_dir: Path) -> Optional[dict]:
+def read_result(run_dir: Path, required: Sequence[str] = RESULT_REQUIRED) -> Optional[dict]:
     """`result.json` of a finished run, or None while it has none; a one-line ConfigError naming the
-    file, and the key, when it is not a JSON object of `RESULT_FIELDS`."""
+    file, and the keys, when it is not a JSON object of `RESULT_FIELDS` holding every `required` key."""
     path = Path(run_dir) / RESULT
     if not path.is_file():
         return None
@@ -114,9 +114,9 @@ def read_result(run_dir: Path) -> Optional[dict]:
         raise ConfigError(f"{damaged} nested too deep to be a result") from None
     if not isinstance(result, dict):
         raise ConfigError(f"{damaged} expected a JSON object with keys {', '.join(RESULT_FIELDS)}")
-    for key in RESULT_REQUIRED:
-        if key not in result:
-            raise ConfigError(f"{damaged} no {key!r} key")
+    missing = [key for key in required if key not in result]
+    if missing:
+        raise ConfigError(f"{damaged} no {', '.join(map(repr, missing))} key{'s' if len(missing) > 1 else ''}")
     for key, value in result.items():
         if key not in RESULT_FIELDS:
             raise ConfigError(f"{damaged} unknown key {quoted(key)}; allowed: {', '.join(RESULT_FIELDS)}")

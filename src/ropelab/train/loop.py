@@ -32,7 +32,7 @@ from ropelab.files import refuse_links_out
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype
 from ropelab.sources.init import check_init, initial_weights
-from ropelab.sources.runs import CONFIG, RESULT, read_result, read_run_config, write_result
+from ropelab.sources.runs import CONFIG, read_result, read_run_config, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.autocast import autocast, uses_bf16
 from ropelab.train.branch import BranchPoint, branch_point
@@ -74,6 +74,11 @@ class TrainResult:
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+# the keys a finished run's result.json must hold for `TrainResult` (run_dir is the folder itself)
+TRAIN_RESULT_KEYS = tuple(f.name for f in fields(TrainResult)
+                          if f.name != "run_dir" and f.default is MISSING and f.default_factory is MISSING)
 
 
 def train(
@@ -134,13 +139,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         )
     start_step, latest = 0, None
     if resume:
-        result = read_result(run_dir)
+        result = read_result(run_dir, TRAIN_RESULT_KEYS)
         if result is not None:
-            missing = [f.name for f in fields(TrainResult) if f.name not in result and f.name != "run_dir"
-                       and f.default is MISSING and f.default_factory is MISSING]
-            if missing:
-                raise ConfigError(f"{run_dir / RESULT}: the file is damaged: no {', '.join(missing)}, which the trainer "
-                                  "writes when a run finishes; restore it, or train into a new --out")
             if env.is_main:
                 print(f"{run_dir}: run already finished at step {result['steps']}; nothing to do")
             return TrainResult(**{**result, "run_dir": run_dir})
