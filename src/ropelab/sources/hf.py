@@ -106,15 +106,15 @@ def from_hf(hf_model) -> Transformer:
     target = model.state_dict()
     keys = dict.fromkeys(_QKV.sub(r"\1qkv.\3", k) for k in target) if arch.fused_qkv else target
     hf_state, modules, state = hf_model.state_dict(), _modules_of(hf_model, arch), {}
-    for key in keys:
-        hf_key = _rename(key, modules)
+    hf_names = {key: _rename(key, modules) for key in keys}
+    for key, hf_key in hf_names.items():
         if hf_key in hf_state:
             state[key] = hf_state[hf_key]
         elif key.endswith(arch.absent_zero):
             state[key] = torch.zeros_like(target[key])
         else:
             raise ValueError(f"{arch.model_class}: weight {hf_key} (for ropelab {key}) not found")
-    unused = sorted(set(hf_state) - {_rename(key, modules) for key in keys} - {
+    unused = sorted(set(hf_state) - set(hf_names.values()) - {
         k for k in hf_state if k.endswith(_NOT_WEIGHTS)})
     if unused:  # a weight ropelab would drop computes something ropelab's model does not (a position encoding)
         raise ConfigError(f"{arch.model_class}: weight {unused[0]} has no place in ropelab's model"

@@ -57,12 +57,6 @@ def _checkpoint(config: RunConfig) -> Optional[Path]:
     return source
 
 
-def _kept_for_good(folder: Path) -> bool:
-    """A complete checkpoint its run never prunes (`train.checkpoint_steps`, a phase's end)."""
-    return (folder / ckpt.MARKER).is_file() and any((folder / marker).is_file()
-                                                    for marker in (ckpt.KEEP_MARKER, ckpt.PHASE_MARKER))
-
-
 def _layer_settings(model: ModelConfig, layer: int) -> dict:
     """What decides how `layer` rotates and attends, by name: its RoPE settings (channels as the count
     rotated, however the config says it), attention window and query temperature."""
@@ -90,7 +84,7 @@ def branch_point(config: RunConfig) -> BranchPoint:
     """The checkpoint `config` branches from, after checking that the branch can continue it."""
     folder = _checkpoint(config)
     holder = is_locked(Path(config.train.branch_from) if folder is None else folder.parent.parent)
-    if holder and not (folder is not None and _kept_for_good(folder)):
+    if holder and not (folder is not None and (folder / ckpt.MARKER).is_file() and ckpt.kept_for_good(folder)):
         raise ConfigError(f"{_key(config)}: the parent is still training ({holder}); branch once it has finished, "
                           "or from a step of its train.checkpoint_steps once written (a checkpoint it may still "
                           "write or prune is not one to branch from)")

@@ -337,11 +337,15 @@ def prune(run_dir: Path, keep: int, protect: Iterable[Path] = ()) -> list[Path]:
             continue
         kept.add(folder.resolve())
         break
-    deleted = [old for old in found if old.resolve() not in kept
-               and not (old / PHASE_MARKER).is_file() and not (old / KEEP_MARKER).is_file()]
+    deleted = [old for old in found if old.resolve() not in kept and not kept_for_good(old)]
     for old in deleted:
         shutil.rmtree(old, ignore_errors=True)
     return deleted
+
+
+def kept_for_good(folder: Path) -> bool:
+    """Whether `prune` never deletes this checkpoint (`train.checkpoint_steps`, a phase's end)."""
+    return (folder / PHASE_MARKER).is_file() or (folder / KEEP_MARKER).is_file()
 
 
 def latest_intact_checkpoint(run_dir: Path, mode: str = "always",
