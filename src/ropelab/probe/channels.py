@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ropelab.config import ModelConfig
-from ropelab.position.registry import ROTATIONS
+from ropelab.position.registry import build_rotation
 from ropelab.rope import inverse_frequencies
 from ropelab.rope.pairs import channel_order, kept_pairs
 
@@ -123,10 +123,8 @@ def layer_rope(config: ModelConfig, layer: int) -> LayerRope:
     """Layer `layer`'s RoPE: its frequencies as the layer's rotation module turns them (its registered
     type's, `ropelab.position`: scaling included, FoPE's clipped ones 0) and, under a plan, each KV
     head's kept pairs and the full-head spectrum."""
-    rope, (rotation, *_) = config.rope_for_layer(layer), config.positions_for_layer(layer)
-    head_dim, kv_heads = config.head_size, config.kv_heads
-    module = ROTATIONS[rotation.type.name](rope, rotation.spec, head_dim, kv_heads)
-    inv_freq = _tuples(module.inv_freq.tolist())
+    rope, head_dim, kv_heads = config.rope_for_layer(layer), config.head_size, config.kv_heads
+    inv_freq = _tuples(build_rotation(config, layer).inv_freq.tolist())
     kept = kept_pairs(rope, head_dim, kv_heads)
     if kept is None:
         return LayerRope(head_dim, rope.resolve_dims(head_dim), rope.layout, float(rope.theta), inv_freq)
