@@ -33,7 +33,8 @@ from ropelab.sources.calibrate import calibration_batches, held_out_check, two_n
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
-from ropelab.sources.runs import is_run_dir, read_run_config
+from ropelab.sources.runs import checkpoint_config, is_run_dir, read_run_config
+from ropelab.train.checkpoint import latest_checkpoint, step_dir
 
 # RopeConfig fields that say which channels rotate: a run that sets one replaces the source's choice
 CHANNEL_KEYS = ("fraction", "rotary_dims", *PLAN_KEYS)
@@ -52,12 +53,25 @@ def _train_setting(base: dict | None, overrides, name: str):
     return value
 
 
-def _parent_config(branch_from) -> Optional[RunConfig]:
-    """The config.yaml of the run `train.branch_from` names (the run, or one of its checkpoints), or None
-    when it names none (`ropelab.train.branch` says what is wrong with it)."""
+def _parent_config(branch_from, branch_step) -> Optional[RunConfig]:
+    """The configuration the branch's parent held at the checkpoint `train.branch_from` (and
+    `train.branch_step`) name: for a multi-phase parent, that phase's, as `ropelab.train.branch` checks
+    it. The run's config.yaml where the checkpoint is not there yet; None where no run is named
+    (`ropelab.train.branch` says what is wrong)."""
     source = Path(str(branch_from))
     run = source if is_run_dir(source) else source.parent.parent
-    return read_run_config(run) if is_run_dir(run) else None
+    if not is_run_dir(run):
+        return None
+    if source != run:
+        folder = source
+    elif isinstance(branch_step, int):
+        folder = step_dir(run, branch_step)
+    else:  # the newest one, or a train.branch_step the config check refuses
+        folder = latest_checkpoint(run) if branch_step is None else None
+    try:
+        return checkpoint_config(folder)[0] if folder is not None and folder.is_dir() else read_run_config(run)
+    except ConfigError:
+        return read_run_config(run)
 
 
 def run_config(base: dict | None = None, preset: str | None = None, overrides=()) -> RunConfig:
@@ -69,7 +83,7 @@ def run_config(base: dict | None = None, preset: str | None = None, overrides=()
     tree = copy.deepcopy(base) if base else {}
     if (name is None and branch_from is None) or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
         return build_run_config(tree, preset, overrides)
-    source_config = load_config(str(name))[0] if name is not None else _parent_config(branch_from)
+    source_config = load_config(str(name))[0] if name is not None else _parent_config(branch_from, _train_setting(base, overrides, "branch_step"))
     if source_config is None:
         return build_run_config(tree, preset, overrides)
     model = dataclasses.asdict(source_config.model)
