@@ -267,6 +267,23 @@ def test_a_score_bias_through_flex_gives_the_dense_result(name):
 
 
 @pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
+def test_a_score_bias_model_gives_the_dense_logits_on_every_backend(name):
+    """Documents, a sliding layer and a chunked one: varlen and the local kernel form the bias themselves."""
+    config = _config(name, "model.layer_pattern=SC",
+                     "model.layer_kinds={S: {attention: sliding, window: 5}, C: {attention: chunked, window: 7}}")
+    torch.manual_seed(0)
+    model = Transformer(config.model).eval()
+    doc_ids = torch.cat([torch.zeros(2, 9, dtype=torch.long), torch.ones(2, T - 9, dtype=torch.long)], 1)
+    logits = {}
+    with torch.no_grad():
+        for backend in ("dense", "varlen", "local", "auto"):
+            model.set_attention_backend(backend)
+            logits[backend] = model(_ids(), doc_ids=doc_ids)[0]
+    for backend in ("varlen", "local", "auto"):
+        torch.testing.assert_close(logits[backend], logits["dense"], atol=2e-5, rtol=1e-5, msg=backend)
+
+
+@pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
 def test_a_score_bias_counts_chunks_from_a_left_padded_rows_first_token(name):
     """A left-padded row (Documents.chunk_start) gives its real tokens what the row alone gives them."""
     from ropelab.attention import Documents, attend
