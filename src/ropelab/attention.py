@@ -48,7 +48,7 @@ those the cache holds, which may start after the first token (``key_start``: a w
 cache drops the keys no later query sees; ``doc_ids`` covers every token seen). Then every backend
 is SDPA with a dense mask, causal from the queries' offset (and within one document given
 ``doc_ids`` and the window; plus the score bias), over the keys from the first one a query can see
-(`cached_mask`): one new token at a time that mask is a single row.
+(`visible_keys`): one new token at a time that mask is a single row.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def attend(
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
     start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
     if Tq != T or key_start:
-        first, mask = cached_mask(ids, window, Tq, tokens, key_start, q.device, start)
+        first, mask = visible_keys(ids, window, Tq, tokens, key_start, q.device, start)
         if score_bias is not None:
             mask = biased_mask(mask, score_bias, distances(Tq, tokens - first, q.device, tokens - Tq, first), q.dtype)
         held = first - key_start
@@ -346,7 +346,7 @@ def attend(
     return _varlen(q, k, v, docs, window, score_bias)
 
 
-def cached_mask(doc_ids: Optional[torch.Tensor], window: Window, queries: int, tokens: int, key_start: int,
+def visible_keys(doc_ids: Optional[torch.Tensor], window: Window, queries: int, tokens: int, key_start: int,
                 device: torch.device, start: Optional[torch.Tensor] = None) -> tuple[int, torch.Tensor]:
     """For the last `queries` of `tokens` tokens against a cache holding keys from token `key_start` on:
     (the first key a query sees, the boolean mask (Tq, tokens - first), or (B, 1, Tq, tokens - first) given

@@ -12,9 +12,9 @@ may see, one batched SDPA call over all blocks: for a sliding window a block of 
 own keys and those of the ceil((W - 1) / b) blocks before it (copied side by side once; a small mask
 per block trims the span to the window and hides the zero keys standing in before the row), so the
 cost grows with T * (b + W) instead of T^2; for a chunked window a block is a chunk, attended
-causally on its own, or, where a row's chunks begin at its own start, a block of C reads the block
-before it too and its mask keeps each query's chunk. The last block is padded with zero tokens after the row's end, which causality
-keeps out of every real query's view.
+causally on its own (where a row's chunks begin at its own start, a block of C also reads the block
+before it, and its mask keeps each query's chunk). The last block is padded with zero tokens after
+the row's end, which causality keeps out of every real query's view.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ itself runs on every path. It computes its own softmax, with a learned temperatu
 
     softmax(q k^T / (sqrt(D) * t_h) + score bias) v,   t_h = exp(log_temperature_h)
 
-over the keys `ropelab.attention.cached_mask` lets each query see (causal, documents, window, a KV
+over the keys `ropelab.attention.visible_keys` lets each query see (causal, documents, window, a KV
 cache's held keys), so it is also an independent check of the kernels' masks. `registered()` adds it to
 the registries for the time of a `with` block only: no shipped path knows it.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ropelab.attention import Documents, cached_mask
+from ropelab.attention import Documents, visible_keys
 from ropelab.attention_bias import biased_mask, distances
 from ropelab.attention_windows import check_window
 from ropelab.config.checks import check_float
@@ -49,7 +49,7 @@ class TemperatureAttention(nn.Module):
         window = check_window(window, tokens)
         start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
         ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
-        first, mask = cached_mask(ids, window, Tq, tokens, key_start, q.device, start)
+        first, mask = visible_keys(ids, window, Tq, tokens, key_start, q.device, start)
         k, v = k[:, :, first - key_start:], v[:, :, first - key_start:]
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
