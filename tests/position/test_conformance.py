@@ -267,8 +267,9 @@ def test_a_score_bias_through_flex_gives_the_dense_result(name):
 
 
 @pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
-def test_a_score_bias_model_gives_the_dense_logits_on_every_backend(name):
-    """Documents, a sliding layer and a chunked one: varlen and the local kernel form the bias themselves."""
+def test_a_score_bias_model_gives_the_dense_logits_on_every_backend_and_decoding(name):
+    """Documents, a sliding layer and a chunked one: varlen and the local kernel form the bias themselves;
+    a KV-cached decode gets the full forward's logits."""
     config = _config(name, "model.layer_pattern=SC",
                      "model.layer_kinds={S: {attention: sliding, window: 5}, C: {attention: chunked, window: 7}}")
     torch.manual_seed(0)
@@ -281,6 +282,11 @@ def test_a_score_bias_model_gives_the_dense_logits_on_every_backend(name):
             logits[backend] = model(_ids(), doc_ids=doc_ids)[0]
     for backend in ("varlen", "local", "auto"):
         torch.testing.assert_close(logits[backend], logits["dense"], atol=2e-5, rtol=1e-5, msg=backend)
+    cache, pieces = KVCache(), []  # the windowed layers' cache drops keys: the bias over the keys it holds
+    with torch.no_grad():
+        for start, end in ((0, 11), (11, 12), (12, 20), (20, T)):
+            pieces.append(model(_ids()[:, start:end], doc_ids=doc_ids[:, :end], kv_cache=cache)[0])
+    torch.testing.assert_close(torch.cat(pieces, 1), logits["dense"], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
