@@ -331,7 +331,8 @@ def test_a_whole_attention_override_replaces_attention_on_every_backend(backend)
     plain = Transformer(_config("rope", *windows).model).eval()
     outputs = {}
     for temperature in (1.0, 1.5):
-        position = f"model.position=[{{type: rope}}, {{type: {temperature_attention.NAME}, temperature: {temperature}}}]"
+        override = f"{{type: {temperature_attention.NAME}, temperature: {temperature}}}"
+        position = f"model.position=[{{type: rope}}, {override}]"
         model = Transformer(_config("rope", *windows, position).model).eval()
         model.load_state_dict(plain.state_dict(), strict=False)  # every weight but the temperatures
         model.set_attention_backend(backend)
