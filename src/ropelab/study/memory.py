@@ -94,7 +94,8 @@ def entry_config(config: ModelConfig, entry) -> ModelConfig:
     preset's max_seq_len), else the entry's rotated channels (a plan's kept pairs in the first 2R)."""
     entries = position_list(entry)
     if entries is None:
-        return dataclasses.replace(config, rope=dataclasses.replace(config.rope, rotary_dims=rotary_dims_for(config, entry)))
+        rope = dataclasses.replace(config.rope, rotary_dims=rotary_dims_for(config, entry))
+        return dataclasses.replace(config, rope=rope)
     for item in entries:
         if item["type"] == "fope":
             item["trained_length"] = config.max_seq_len
