@@ -241,7 +241,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 COMMANDS: list[Command] = [
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
-    ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
+    ("memory", _add_memory, cmd_memory, "position-encoding memory against sequence length: cos/sin tables per fraction (seed Fig. 1), KV cache and score bias per encoding"),
     ("rope-base", _add_rope_base, cmd_rope_base, "lower bound on the RoPE base for a context length per rotary dims (Men et al. 2024)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
     ("fit", _add_fit, cmd_fit, "fit scaling laws to a frontier study: loss against tokens (and size), bootstrap intervals, held-out check"),
