@@ -152,20 +152,15 @@ class ModelConfig:
             check_pattern(self.layer_pattern, self.layer_kinds, self.n_layer)
             for name, kind in self.layer_kinds.items():
                 kind.validate(f"model.layer_kinds.{name}")
-        indices = {}
-        for layer, override in self.rope_layers.items():
-            index = _layer_index(layer)
-            if index is None or not 0 <= index < self.n_layer:
-                raise ConfigError(f"model.rope_layers.{quoted(layer)}: a layer index must be a whole number in "
-                                  f"[0, {self.n_layer}), e.g. model.rope_layers={{3: {{fraction: 0}}}}")
-            if index in indices:
-                raise ConfigError(f"model.rope_layers: layer {index} is given twice (as {quoted(indices[index])} "
-                                  f"and {quoted(layer)})")
-            indices[index] = layer
+        for index, override in self._layer_entries("rope_layers", "{3: {fraction: 0}}").items():
             if override is not None and not isinstance(override, dict):
                 raise ConfigError(f"model.rope_layers.{index}={quoted(override)}: must be a mapping of model.rope "
                                   "keys, e.g. {fraction: 0}")
-        self._check_position_layers()
+        for index, entries in self._layer_entries("position_layers", "{3: [{type: alibi}]}").items():
+            if self.layer_entry("rope_layers", index):
+                raise ConfigError(f"model.position_layers.{index}: set model.rope_layers.{index} or model.position_layers."
+                                  f"{index}, not both (the list's rotation entry takes the RoPE keys)")
+            parse_position(entries, f"model.position_layers.{index}")
         overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
         overridden |= {int(layer) for layer in self.position_layers}
         overridden |= {layer for layer in range(self.n_layer) if self.layer_kind(layer).rope_override()}
@@ -212,23 +207,19 @@ class ModelConfig:
                                   f"window data.seq_len={seq_len}; use a window of at most {seq_len} tokens or "
                                   "attention: full")
 
-    def _check_position_layers(self) -> None:
-        """`model.position_layers`: whole layer indices in range, each once, never with a `model.rope_layers`
-        entry for the same layer (the list's rotation entry takes the RoPE keys)."""
-        indices = {}
-        for layer, entries in self.position_layers.items():
+    def _layer_entries(self, table: str, example: str) -> dict:
+        """`model.rope_layers` or `model.position_layers` by layer index: whole numbers in range, each once."""
+        keys, entries = {}, {}
+        for layer, value in getattr(self, table).items():
             index = _layer_index(layer)
             if index is None or not 0 <= index < self.n_layer:
-                raise ConfigError(f"model.position_layers.{quoted(layer)}: a layer index must be a whole number in "
-                                  f"[0, {self.n_layer}), e.g. model.position_layers={{3: [{{type: alibi}}]}}")
-            if index in indices:
-                raise ConfigError(f"model.position_layers: layer {index} is given twice (as {quoted(indices[index])} "
+                raise ConfigError(f"model.{table}.{quoted(layer)}: a layer index must be a whole number in "
+                                  f"[0, {self.n_layer}), e.g. model.{table}={example}")
+            if index in keys:
+                raise ConfigError(f"model.{table}: layer {index} is given twice (as {quoted(keys[index])} "
                                   f"and {quoted(layer)})")
-            indices[index] = layer
-            if self.layer_entry("rope_layers", index):
-                raise ConfigError(f"model.position_layers.{index}: set model.rope_layers.{index} or "
-                                  f"model.position_layers.{index}, not both (the list's rotation entry takes the RoPE keys)")
-            parse_position(entries, f"model.position_layers.{index}")
+            keys[index], entries[index] = layer, value
+        return entries
 
     def _rope_key(self, layer: int) -> str:
         if self.layer_entry("position_layers", layer) is not None:
