@@ -297,8 +297,8 @@ class Transformer(nn.Module):
         self._set_layer_ropes(config, ("theta", "scaling"))
         self.config.rope.theta = config.rope.theta
         self.config.rope.scaling = config.rope.scaling
-        self.config.layer_kinds = copy.deepcopy(config.layer_kinds)
-        self.config.rope_layers = copy.deepcopy(config.rope_layers)
+        for key in ("layer_kinds", "rope_layers", "position", "position_layers"):  # where a layer's RoPE keys can be set
+            setattr(self.config, key, copy.deepcopy(getattr(config, key)))
 
     def set_rope_scaling(self, config: ModelConfig) -> None:
         """Each layer's RoPE scaling as `config` gives it, as `set_rope` (theta stays)."""

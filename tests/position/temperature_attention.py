@@ -64,7 +64,7 @@ class TemperatureAttention(nn.Module):
 
 
 TYPE = PositionType(NAME, "Temperature", TemperatureSpec, "attention", "test only: softmax with a learned temperature",
-                    learned=True, kv_cache="keys and values after the q/k transform")
+                    learned=True)  # its KV cache: keys and values, the default KVState
 
 
 @contextlib.contextmanager

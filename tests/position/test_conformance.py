@@ -197,15 +197,16 @@ def test_the_probes_channel_map_counts_only_turning_pairs(name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_the_memory_formula_counts_the_tables_the_model_holds(name):
+def test_the_memory_formula_counts_the_tables_and_kv_cache_the_model_holds(name):
     from ropelab.study.memory import layer_kind_memory
 
-    model, length = _model(name), 40
+    model, length, cache = _model(name), 40, KVCache()
     with torch.no_grad():
-        model(torch.randint(0, VOCAB, (1, length)))
+        model(torch.randint(0, VOCAB, (1, length)), kv_cache=cache)
     (row,) = layer_kind_memory(model.config, length, "fp32")
     assert row["rope_table_bytes"] == sum(rope.cache_bytes() for rope in model.ropes)
-    assert row["position"] == sorted({entry.type.name for entry in model.config.positions_for_layer(0)})
+    assert row["kv_cache_bytes"] == sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
+    assert POSITION_TYPES[name].label in row["position"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -78,8 +78,8 @@ def _rope_obstacles(config: ModelConfig, arch: Arch) -> list[str]:
         why.append(f"NoPE layers {nope} among RoPE layers: {arch.model_class} rotates every layer "
                    "(SmolLM3ForCausalLM has NoPE layers, without QK-norm)")
     if any(other != rope for other in others):
-        why.append("model.rope_layers or model.layer_kinds give layers different RoPE settings; HF classes give "
-                   "their RoPE layers one")
+        why.append("model.rope_layers, model.position_layers or model.layer_kinds give layers different RoPE settings; "
+                   "HF classes give their RoPE layers one")
     rotary_dims = rope.resolve_dims(D)
     if rotary_dims and rope.layout != "half":
         why.append(f"rope.layout={rope.layout}: HF classes rotate with rotate_half (layout=half)")

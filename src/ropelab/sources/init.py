@@ -129,7 +129,7 @@ def check_layers(config: RunConfig, source: ModelConfig, key: str) -> None:
     if len(layers) != config.model.n_layer:
         raise ConfigError(f"train.init_layers: {len(layers)} layers but model.n_layer={config.model.n_layer}; "
                           "give one source layer per layer of the run")
-    if source.rope_layers or source.layer_pattern:
+    if source.rope_layers or source.position_layers or source.layer_pattern:
         raise ConfigError(f"train.init_layers: the source ({key}) sets RoPE or attention per layer; keeping some of "
                           "its layers is supported only for a source whose layers are all alike")
 

@@ -86,6 +86,13 @@ def target_config(config: ModelConfig, keep: int, select: str, explicit: Optiona
 
 
 def _set_layer_pairs(config: ModelConfig, layer: int, pairs: list) -> None:
+    """The pairs chosen for `layer`, where its RoPE keys are spelled: its own position list's rotation entry
+    (`model.position_layers`), else its `model.rope_layers` entry."""
+    entries = config.layer_entry("position_layers", layer)
+    if entries is not None:
+        rotation = config.positions_for_layer(layer)[0].type.name
+        next(entry for entry in entries if entry["type"] == rotation)["pairs"] = pairs
+        return
     own = config.rope_layers.pop(layer, None) or config.rope_layers.pop(str(layer), None) or {}
     config.rope_layers[layer] = {**own, "pairs": pairs}
 
