@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from ropelab.config import RunConfig, TrainConfig, build_run_config
+from ropelab.config import ConfigError, RunConfig, TrainConfig, build_run_config
 from ropelab.config.position import POSITION_TYPES
 from ropelab.config.rope import RopeScalingConfig
 from ropelab.evaluate.extrapolation import ExtrapolationSettings, plan_cells, rotates, scaling_refusal
@@ -133,8 +133,9 @@ def test_the_export_route_is_the_declared_one_and_keeps_the_logits(name, tmp_pat
 
     model = _model(name)
     if CASES[name][1] == "refused":
-        with pytest.raises(Exception, match=f"type='{name}': must be one of"):
+        with pytest.raises(ConfigError, match=f"position type '{name}' .* outside ropelab; .* cannot be exported"):
             save_hf(model, tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
         return
     info = save_hf(model, tmp_path / "hf")
     assert info["route"] == CASES[name][1], info.get("why")
