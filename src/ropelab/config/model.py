@@ -11,6 +11,7 @@ from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.layout_presets import LAYOUT_PRESETS
+from ropelab.config.mla import MLAConfig
 from ropelab.config.position import Position, default_position, parse_position, rope_overlay
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError, quoted
@@ -68,6 +69,8 @@ class ModelConfig:
     # Position encodings (ropelab.config.position): e.g. [{type: rope, fraction: 0.25}, {type: alibi}];
     # None: model.rope alone. Its rotation entry's RoPE keys are laid over model.rope here.
     position: Optional[list] = None
+    # Multi-head latent attention (ropelab.config.mla): None, or the latent's rank per KV head.
+    mla: Optional[MLAConfig] = None
 
     def __post_init__(self) -> None:
         if self.position is not None and isinstance(self.rope, RopeConfig):
@@ -177,6 +180,8 @@ class ModelConfig:
             if rotated:
                 raise ConfigError(f"{where}: only for NoPE layers (Llama 4 scales the queries of the layers without "
                                   f"rotation), but layer {layer} rotates {rotated} channels; set rope: none")
+        if self.mla is not None:
+            self.mla.validate(self)
 
     def check_windows(self, seq_len: int) -> None:
         """Each windowed layer kind's window fits the longest training window `seq_len` (data.seq_len, or
