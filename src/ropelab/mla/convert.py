@@ -25,9 +25,10 @@ def _factor(rows: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """rows (M, C) ~ up (M, rank) @ down (rank, C), the singular values split evenly between the two."""
     if rank == 0:
         return rows.new_zeros(rows.shape[0], 0), rows.new_zeros(0, rows.shape[1])
-    u, s, vh = torch.linalg.svd(rows, full_matrices=False)
+    # the SVD of the tall transpose: LAPACK's is several times faster than the wide matrix's (same factors)
+    v, s, uh = torch.linalg.svd(rows.T, full_matrices=False)
     root = s[:rank].sqrt()
-    return u[:, :rank] * root, root[:, None] * vh[:rank]
+    return uh[:rank].T * root, root[:, None] * v[:, :rank].T
 
 
 def split_ranks(rank: int, nope: int, head_dim: int, d_model: int) -> tuple[int, int]:
