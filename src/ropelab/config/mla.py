@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from ropelab.errors import ConfigError
 
 
-INITS = ("svd-joint", "svd-split")  # how `ropelab convert` draws the latent from the weights (`ropelab.mla.convert`)
+INITS = ("svd-joint", "svd-split")
+# RoPE scalings whose frequencies follow the current length: the latent cache holds positional keys rotated
+# at the length each was seen, so decoding over it would not give the forward over the whole sequence.
+# The static ones (linear, ntk, yarn, llama3) only retune the kept pairs, YaRN's factor only their channels.
+LENGTH_DEPENDENT = ("dynamic", "longrope")  # how `ropelab convert` draws the latent from the weights (`ropelab.mla.convert`)
 
 
 def full_rank(d_model: int, head_dim: int, rotary_dims: int) -> int:
@@ -52,7 +56,12 @@ class MLAConfig:
                                   "position encoding(s); MLA keeps plain RoPE pairs as its positional key, alone")
             if model.layer_kind(layer).temperature is not None:
                 raise ConfigError(f"model.mla: layer {layer} has a query temperature; MLA layers take none")
-            dims = model.rope_for_layer(layer).resolve_dims(D)
+            rope = model.rope_for_layer(layer)
+            if rope.scaling is not None and rope.scaling.method in LENGTH_DEPENDENT:
+                raise ConfigError(f"model.mla: layer {layer}'s RoPE scaling {rope.scaling.method} follows the current "
+                                  "length, but the latent cache keeps keys rotated at the length each was seen; "
+                                  "use linear, ntk, yarn or llama3")
+            dims = rope.resolve_dims(D)
             top = full_rank(model.d_model, D, dims)
             if self.rank > top:
                 raise ConfigError(f"model.mla.rank={self.rank}: above full rank {top} for layer {layer} (min of "

@@ -85,11 +85,21 @@ class LatentAttention(nn.Module):
                             norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`ropelab.model.Attention.queries_keys_values`: q (B, H, T, D), k and v (B, K, T, D) decompressed, rotated."""
         x = x if norm is None else norm(x)
-        q = self.q_norm(self._split_heads(self.q_proj(x), self.n_head))  # (B, H, T, D)
+        B, T, _ = x.shape
+        # the stand-in norms see (B, T, heads, D), as `Attention`'s QK-Norm does
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
         k_rope, c = self.latent(x)
-        k = self.k_norm(torch.cat([k_rope, self._up(c, self.k_up)], dim=-1))  # (B, K, T, D)
+        k = torch.cat([k_rope, self._up(c, self.k_up)], dim=-1)  # (B, K, T, D)
+        k = self.k_norm(k.transpose(1, 2)).transpose(1, 2)
         q, k = self.rope(q, k, position_ids)
         return q, k, self._up(c, self.v_up)
+
+    def key_weight(self) -> torch.Tensor:
+        """The key projection the latent stands for, (K * D, C): per KV head its rotated rows, then W_uk W_down."""
+        K, D, R, d = self.n_kv_head, self.head_dim, self.rotary_dims, self.rank
+        down = self.kv_down.weight.view(K, d, -1)  # (K, d, C)
+        nope = torch.einsum("knd,kdc->knc", self.k_up.weight.view(K, D - R, d), down)
+        return torch.cat([self.kr_proj.weight.view(K, R, -1), nope], dim=1).reshape(K * D, -1)
 
     def absorbed_query(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """W_q's non-rotated rows of each head taken through its group's W_uk: (H * d, C) and bias (H * d)."""

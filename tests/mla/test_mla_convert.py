@@ -8,21 +8,9 @@ import pytest
 import torch
 
 from ropelab.cli import main
-from ropelab.convert import convert_model
 from ropelab.convert.run import RECORD
 from ropelab.mla.attention import LatentAttention
 from ropelab.sources import load
-
-QUICK = ["calibration.tokens=512", "calibration.seq_len=32", "eval.tokens=256", "eval.seq_len=32"]
-
-
-@pytest.fixture(scope="module")
-def mla_folder(run, tmp_path_factory):
-    """2 of 8 pairs per KV head by 2-norm, rank 6 per KV head: 2 x (6 + 4) cached values per layer of 64."""
-    out = tmp_path_factory.mktemp("mla") / "r2d6"
-    record = convert_model(str(run), out, ["rope.keep_pairs=2", "mla.rank=6", *QUICK], log=lambda _: None)
-    return out, record
-
 
 def test_the_folder_loads_as_an_mla_model_with_its_record(run, mla_folder):
     out, record = mla_folder
@@ -38,10 +26,10 @@ def test_the_folder_loads_as_an_mla_model_with_its_record(run, mla_folder):
         assert torch.isfinite(model(ids)[0]).all()
 
 
-def test_all_pairs_and_full_rank_give_the_sources_logits(run, tmp_path, capsys):
+def test_all_pairs_and_full_rank_give_the_sources_logits(run, tmp_path, capsys, quick_convert):
     out = tmp_path / "full"
     assert main(["convert", str(run), "--out", str(out), "rope.keep_pairs=8", "rope.select=high", "mla.rank=16",
-                 "mla.init=svd-split", *QUICK]) == 0
+                 "mla.init=svd-split", *quick_convert]) == 0
     assert "latent of rank 16 per KV head (svd-split)" in capsys.readouterr().out
     source, converted = load(run).model.eval(), load(out).model.eval()
     ids = torch.randint(0, 250, (2, 30))
@@ -55,17 +43,17 @@ def test_all_pairs_and_full_rank_give_the_sources_logits(run, tmp_path, capsys):
     (["rope.keep_pairs=2", "mla.rank=4", "mla.init=pca"], r"mla.init='pca': unknown; choose one of svd-joint, svd-split"),
     (["rope.keep_pairs=9", "mla.rank=4"], r"rope.keep_pairs=9: must be an integer in 0\.\.8"),
 ])
-def test_bad_mla_settings_stop_in_one_line_before_writing(run, tmp_path, capsys, settings, message):
+def test_bad_mla_settings_stop_in_one_line_before_writing(run, tmp_path, capsys, settings, message, quick_convert):
     out = tmp_path / "never"
-    assert main(["convert", str(run), "--out", str(out), *settings, *QUICK]) == 2
+    assert main(["convert", str(run), "--out", str(out), *settings, *quick_convert]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not out.exists()
 
 
-def test_an_mla_source_is_refused_in_one_line(mla_folder, tmp_path, capsys):
+def test_an_mla_source_is_refused_in_one_line(mla_folder, tmp_path, capsys, quick_convert):
     out, _ = mla_folder
-    assert main(["convert", str(out), "--out", str(tmp_path / "again"), "rope.keep_pairs=1", "mla.rank=4", *QUICK]) == 2
+    assert main(["convert", str(out), "--out", str(tmp_path / "again"), "rope.keep_pairs=1", "mla.rank=4", *quick_convert]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "already an MLA model (model.mla.rank=6)" in err, err
     assert not (tmp_path / "again").exists()

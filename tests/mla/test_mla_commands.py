@@ -1,0 +1,72 @@
+"""An MLA folder through the other commands: recovery by KD from the source (`train.init_from`), long-context
+evaluation, the probe and its weight updates, context extension (static scalings taken, length-dependent
+ones refused in one line)."""
+
+import json
+
+import pytest
+import torch
+
+from ropelab.config import ConfigError, RopeScalingConfig, build_run_config
+from ropelab.evaluate.extrapolation import scaled_config
+from ropelab.evaluate.longctx import evaluate_longctx
+from ropelab.mla.attention import LatentAttention
+from ropelab.probe import ProbeConfig
+from ropelab.probe.runner import run_probe, weight_updates
+from ropelab.sources import load
+from ropelab.train.loop import train
+
+
+def test_recovery_by_kd_from_the_source_trains_the_latent(run, mla_folder, tmp_path, tiny_overrides):
+    import ropelab.distill  # noqa: F401  (registers the KD objective, as the CLI does)
+
+    out, _ = mla_folder
+    config = build_run_config(overrides=[
+        *tiny_overrides, "data.tokenizer=bpe:300", f"train.init_from={out}", f"distill.teacher={run}",
+        "train.steps=8", "train.eval_every=8", "train.checkpoint_every=8", "train.lr=3e-3"])
+    config.model = load(out).model.config
+    result = train(config, tmp_path / "recover")
+    rows = [json.loads(line) for line in (tmp_path / "recover" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and result.final_val_loss < rows[0]["val_loss"]
+    before, after = load(out).model, load(tmp_path / "recover").model
+    assert isinstance(after.blocks[0].attn, LatentAttention) and after.config.mla.rank == 6
+    assert not torch.equal(before.blocks[0].attn.kv_down.weight, after.blocks[0].attn.kv_down.weight)
+
+
+def test_long_context_evaluation_runs_on_the_latent(mla_folder, tmp_path):
+    out, _ = mla_folder
+    results = evaluate_longctx([out], tmp_path / "l", tasks=["passkey"], lengths=[160], depths=[0.0], items=1,
+                               distractors=2, loss_length=32, loss_windows=2, progress=False)
+    entry = results["runs"][0]
+    assert len(entry["tasks"]["passkey"]["cells"]) == 1 and entry["loss_by_position"]["buckets"]
+
+
+def test_the_probe_and_its_weight_updates_read_the_latent_keys(run, mla_folder, tmp_path):
+    out, _ = mla_folder
+    config = ProbeConfig(block_len=16, repeats=3, stages=("q_pre", "k_pre", "block"), progress=False)
+    meta = run_probe([str(out)], tmp_path / "probe", config)
+    assert meta["checkpoints"][0]["rope"][0]["rotary_dims"] == 4
+    changes = weight_updates(str(run), str(out), tmp_path / "weights")
+    layer = changes["layers"][0]
+    assert layer["plan"] and layer["k"]["relative_change"] > 0  # the rank-6 latent is not the source's keys
+
+
+@pytest.mark.parametrize("method", ["linear", "yarn"])
+def test_a_static_scaling_retunes_the_kept_pairs(mla_folder, method):
+    model = load(mla_folder[0]).model.eval()
+    scaled = scaled_config(model.config, RopeScalingConfig(method=method, factor=2.0, original_max_position=64), "m")
+    ids = torch.randint(0, 250, (1, 40))
+    with torch.no_grad():
+        before = model(ids)[0]
+        model.set_rope_scaling(scaled)
+        assert (model(ids)[0] - before).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("method", ["dynamic", "longrope"])
+def test_a_length_dependent_scaling_is_refused_in_one_line(mla_folder, method):
+    config = load(mla_folder[0]).model.config
+    extra = {"long_factor": [1.0] * 2, "short_factor": [1.0] * 2} if method == "longrope" else {}
+    with pytest.raises(ConfigError, match=f"{method}: model.mla: layer 0's RoPE scaling {method} follows the current "
+                                          "length") as error:
+        scaled_config(config, RopeScalingConfig(method=method, factor=2.0, original_max_position=64, **extra), method)
+    assert "\n" not in str(error.value)
