@@ -30,6 +30,7 @@ from typing import Optional
 
 from ropelab.config import ConfigError, ModelConfig
 from ropelab.config import resolve_rotary_dims
+from ropelab.config.mla import cached_values
 from ropelab.position.registry import build_rotation, rotation_setting
 from ropelab.rope import table_cache_bytes
 
@@ -112,7 +113,10 @@ def kv_cache_bytes(config: ModelConfig, layer: int, seq_len: int, dtype: str = "
     C (chunked: the last query sees the tokens of its own chunk)."""
     kind = config.layer_kind(layer)
     tokens = seq_len if kind.attention == "full" else min(seq_len, kind.window)
-    return 2 * config.kv_heads * config.head_size * tokens * DTYPE_BYTES[dtype]
+    per_head = 2 * config.head_size  # a latent layer (`model.mla`): its latent and rotated key channels instead
+    if config.mla is not None:
+        per_head = cached_values(config.mla.rank, config.rope_for_layer(layer).resolve_dims(config.head_size))
+    return config.kv_heads * per_head * tokens * DTYPE_BYTES[dtype]
 
 
 def layer_kind_memory(config: ModelConfig, seq_len: int, dtype: str = "bf16") -> list[dict]:
