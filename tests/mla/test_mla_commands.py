@@ -70,3 +70,26 @@ def test_a_length_dependent_scaling_is_refused_in_one_line(mla_folder, method):
                                           "length") as error:
         scaled_config(config, RopeScalingConfig(method=method, factor=2.0, original_max_position=64, **extra), method)
     assert "\n" not in str(error.value)
+
+
+def test_a_run_from_a_full_source_with_model_mla_converts_at_its_start(run, tmp_path, tiny_overrides):
+    from ropelab.sources import run_config
+
+    config = run_config(overrides=[
+        *tiny_overrides, "data.tokenizer=bpe:300", f"train.init_from={run}", "model.rope.keep_pairs=2",
+        "model.rope.select=2-norm", "model.mla={rank: 6}", "train.steps=2", "train.eval_every=2",
+        "train.checkpoint_every=2", "train.calibration_tokens=256"])
+    result = train(config, tmp_path / "mla")
+    assert result.init_from["conversion"]["mla_rank"] == 6 and result.init_from["conversion"]["kl_to_source"] > 0
+    model = load(tmp_path / "mla").model
+    assert model.config.mla.rank == 6 and model.blocks[0].attn.rotary_dims == 4
+
+
+def test_a_run_from_an_mla_source_keeps_its_rank(mla_folder, tmp_path, tiny_overrides):
+    from ropelab.sources import run_config
+    from ropelab.sources.init import check_init
+
+    config = run_config(overrides=[*tiny_overrides, "data.tokenizer=bpe:300", f"train.init_from={mla_folder[0]}",
+                                   "model.mla={rank: 4}"])
+    with pytest.raises(ConfigError, match=r"model.mla.rank=4 but the source is an MLA model of rank 6"):
+        check_init(config)
