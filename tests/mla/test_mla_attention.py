@@ -133,3 +133,18 @@ def test_bad_mla_settings_are_one_line(changes, message):
     with pytest.raises(ConfigError, match=message) as error:
         config.validate()
     assert "\n" not in str(error.value)
+
+
+def test_kv_heads_keeping_different_pairs_decode_alike_absorbed_and_materialised():
+    torch.manual_seed(0)
+    config = tiny()
+    source = randomize_weights(Transformer(config)).eval()
+    plans, new = resolve_plans(target_config(config, 2, "list", [[[0, 5], [2, 7]], [[1, 3], [4, 6]]]))
+    model = latent_model(apply_plan(source, new, plans).eval(), 6).eval()
+    assert model.blocks[0].attn.rope.per_head
+    absorbed_ids, absorbed, _ = generate(model, True)
+    materialised_ids, materialised, _ = generate(model, False)
+    assert torch.equal(absorbed_ids, materialised_ids)
+    torch.testing.assert_close(absorbed, materialised, rtol=0, atol=1e-4)
+    with torch.no_grad():  # the cacheless forward rotates whole key heads: the same per-head angles
+        torch.testing.assert_close(absorbed, model(absorbed_ids[:, :-1])[0][:, 9:], rtol=0, atol=1e-4)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ropelab.config import ConfigError, RopeScalingConfig, build_run_config
+from ropelab.config import ConfigError, RopeScalingConfig
 from ropelab.evaluate.extrapolation import scaled_config
 from ropelab.evaluate.longctx import evaluate_longctx
 from ropelab.mla.attention import LatentAttention
@@ -18,19 +18,19 @@ from ropelab.train.loop import train
 
 
 def test_recovery_by_kd_from_the_source_trains_the_latent(run, mla_folder, tmp_path, tiny_overrides):
+    """The run takes the MLA folder's model settings (`run_config`), as `ropelab train` does."""
     import ropelab.distill  # noqa: F401  (registers the KD objective, as the CLI does)
+    from ropelab.sources import run_config
 
-    out, _ = mla_folder
-    config = build_run_config(overrides=[
-        *tiny_overrides, "data.tokenizer=bpe:300", f"train.init_from={out}", f"distill.teacher={run}",
-        "train.steps=8", "train.eval_every=8", "train.checkpoint_every=8", "train.lr=3e-3"])
-    config.model = load(out).model.config
-    result = train(config, tmp_path / "recover")
-    rows = [json.loads(line) for line in (tmp_path / "recover" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["step"] == 0 and result.final_val_loss < rows[0]["val_loss"]
-    before, after = load(out).model, load(tmp_path / "recover").model
-    assert isinstance(after.blocks[0].attn, LatentAttention) and after.config.mla.rank == 6
-    assert not torch.equal(before.blocks[0].attn.kv_down.weight, after.blocks[0].attn.kv_down.weight)
+    source = mla_folder[0]
+    shapes = [o for o in tiny_overrides if not o.startswith(("model.", "data.tokenizer"))]
+    result = train(run_config(overrides=[*shapes, f"train.init_from={source}", f"distill.teacher={run}",
+                                         "train.steps=8", "train.eval_every=8", "train.lr=3e-3"]), tmp_path / "kd")
+    first = json.loads((tmp_path / "kd" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and result.final_val_loss < first["val_loss"]
+    before, after = (load(folder).model.blocks[0].attn for folder in (source, tmp_path / "kd"))
+    assert isinstance(after, LatentAttention) and after.rank == 6
+    assert not torch.equal(before.kv_down.weight, after.kv_down.weight)
 
 
 def test_long_context_evaluation_runs_on_the_latent(mla_folder, tmp_path):
