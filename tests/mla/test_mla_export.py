@@ -41,6 +41,15 @@ def test_remote_code_gives_the_logits_and_caches_the_latent(mla_folder, exported
     assert torch.equal(generated, ours_ids)
 
 
+def test_ropelab_reads_the_exported_folder_back_as_the_same_mla_model(mla_folder, exported):
+    _, out = exported
+    ours, back = load(mla_folder[0]).model.eval(), load(out).model.eval()
+    assert back.config.mla == ours.config.mla
+    ids = torch.randint(0, 250, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids)[0], ours(ids)[0], rtol=0, atol=0)
+
+
 def test_the_deepseek_v3_layout_is_refused_in_one_line(mla_folder, tmp_path, capsys):
     assert main(["export", str(mla_folder[0]), "--out", str(tmp_path / "ds"), "--layout", "deepseek-v3"]) == 2
     err = capsys.readouterr().err.strip()
