@@ -101,6 +101,13 @@ class LatentAttention(nn.Module):
         nope = torch.einsum("knd,kdc->knc", self.k_up.weight.view(K, D - R, d), down)
         return torch.cat([self.kr_proj.weight.view(K, R, -1), nope], dim=1).reshape(K * D, -1)
 
+    def rope_query(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """W_q's rotated rows of every head, (H * R, C), and their bias."""
+        H, D, R = self.n_head, self.head_dim, self.rotary_dims
+        weight = self.q_proj.weight.view(H, D, -1)[:, :R].reshape(H * R, self.q_proj.in_features)
+        bias = self.q_proj.bias
+        return weight, None if bias is None else bias.view(H, D)[:, :R].reshape(-1)
+
     def absorbed_query(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """W_q's non-rotated rows of each head taken through its group's W_uk: (H * d, C) and bias (H * d)."""
         H, K, D, R = self.n_head, self.n_kv_head, self.head_dim, self.rotary_dims
@@ -139,28 +146,21 @@ class LatentAttention(nn.Module):
         x = x if norm is None else norm(x)
         k_rope, c = self.latent(x)  # (B, K, T, R), (B, K, T, d)
         seen = kv_cache.get_seq_length(self.layer)
-        if self.absorb:
-            q_rope = self._split_heads(F.linear(x, self.q_proj.weight.view(self.n_head, self.head_dim, -1)[
-                :, :self.rotary_dims].reshape(-1, x.shape[-1]), self._rope_query_bias()), self.n_head)
-            q_rope, k_rope = self.rope(q_rope, k_rope, position_ids)
-            k_rope, c = kv_cache.update(k_rope, c, self.layer, {"window": self.window})  # (B, K, L + T, R / d)
-            q_latent = self._split_heads(F.linear(x, *self.absorbed_query()), self.n_head)  # (B, H, T, d)
-            # the scores of [q_rope, q_latent] . [k_rope, c] are q . k: keep softmax's scale at 1 / sqrt(D)
-            query = torch.cat([q_rope, q_latent], dim=-1) * math.sqrt((self.rotary_dims + self.rank) / self.head_dim)
-            y = attend(query, torch.cat([k_rope, c], dim=-1), c, doc_ids, self.backend, window=self.window,
-                       key_start=seen + T - c.shape[2])  # (B, H, T, d)
-            return F.linear(y.transpose(1, 2).reshape(B, T, self.n_head * self.rank), *self.absorbed_output())
-        q = self._split_heads(self.q_proj(x), self.n_head)
-        q, k_rope = self.rope(q, k_rope, position_ids)
-        k_rope, c = kv_cache.update(k_rope, c, self.layer, {"window": self.window})
-        k = torch.cat([k_rope, self._up(c, self.k_up)], dim=-1)
-        y = attend(q, k, self._up(c, self.v_up), doc_ids, self.backend, window=self.window,
-                   key_start=seen + T - c.shape[2])
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
-
-    def _rope_query_bias(self) -> Optional[torch.Tensor]:
-        bias = self.q_proj.bias
-        return None if bias is None else bias.view(self.n_head, self.head_dim)[:, :self.rotary_dims].reshape(-1)
+        # absorbed, only the queries' rotated channels are projected as they are: the rest go through W_uk
+        q = self._split_heads(F.linear(x, *self.rope_query()) if self.absorb else self.q_proj(x), self.n_head)
+        q, k_rope = self.rope(q, k_rope, position_ids)  # q (B, H, T, R or D)
+        k_rope, c = kv_cache.update(k_rope, c, self.layer, {"window": self.window})  # (B, K, L + T, R / d)
+        key_start = seen + T - c.shape[2]
+        if not self.absorb:
+            k = torch.cat([k_rope, self._up(c, self.k_up)], dim=-1)
+            y = attend(q, k, self._up(c, self.v_up), doc_ids, self.backend, window=self.window, key_start=key_start)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        q_latent = self._split_heads(F.linear(x, *self.absorbed_query()), self.n_head)  # (B, H, T, d)
+        # the scores of [q_rope, q_latent] . [k_rope, c] are q . k: keep softmax's scale at 1 / sqrt(D)
+        query = torch.cat([q, q_latent], dim=-1) * math.sqrt((self.rotary_dims + self.rank) / self.head_dim)
+        y = attend(query, torch.cat([k_rope, c], dim=-1), c, doc_ids, self.backend, window=self.window,
+                   key_start=key_start)  # (B, H, T, d)
+        return F.linear(y.transpose(1, 2).reshape(B, T, self.n_head * self.rank), *self.absorbed_output())
 
 
 def set_absorb(model: nn.Module, absorb: bool) -> None:
