@@ -21,6 +21,7 @@ from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
 from ropelab.layers import fusable, residual_add, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
+from ropelab.mla.attention import LatentAttention
 from ropelab.position.registry import ATTENTIONS, SCORE_BIASES, build_rotation, rebuild_after_meta, rotation_setting
 from ropelab.rope.embedding import RotaryEmbedding
 
@@ -159,7 +160,7 @@ class Block(nn.Module):
         super().__init__()
         self.parallel = config.block == "parallel"
         self.attn_norm = make_norm(config, config.d_model)
-        self.attn = Attention(config, rope, layer)
+        self.attn = Attention(config, rope, layer) if config.mla is None else LatentAttention(config, rope, layer)
         self.mlp_norm = make_norm(config, config.d_model)
         self.mlp = MLP(config)
         # Activation checkpointing: "mlp" keeps only the input of mlp(mlp_norm(x)) for backward and

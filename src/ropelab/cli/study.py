@@ -94,6 +94,9 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
                                        "preset with that model.position) (default 0,2ch,0.1,0.25,0.5,0.75,1)")
     p.add_argument("--out", help="folder for memory.csv and memory.png")
     p.add_argument("--config", help="a run config YAML: also its cos/sin tables and key/value cache per layer kind")
+    p.add_argument("--mla", help="MLA budgets PAIRS:RANK per KV head (e.g. 2:8,4:16): the key/value cache per token "
+                                 "of each preset (and --model) beside its MHA/GQA cache")
+    p.add_argument("--model", help="with --mla: also this model source (e.g. smollm2-135m; its config only)")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -144,6 +147,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
                                              for keep in plans))
     if args.config:
         _print_layer_kinds(args.config, args.dtype)
+    if args.mla:
+        _print_mla(args, presets)
+    elif args.model:
+        raise ConfigError("--model: only with --mla (the model whose MLA cache to show)")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "memory.csv", "w", newline="") as f:
@@ -177,6 +184,32 @@ def _print_layer_kinds(path: str, dtype: str) -> None:
                           f"{r['mixing_macs_per_token']:,}")
     Console().print(table)
     print(SCORE_BIAS_NOTE)
+
+
+def _print_mla(args: argparse.Namespace, presets: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.config import ModelConfig
+    from ropelab.mla.memory import SEQ_LENS, mla_cache_rows, parse_budgets
+    from ropelab.study.memory import DTYPE_BYTES
+
+    budgets = parse_budgets(args.mla)
+    models = [(name, ModelConfig.from_name(name)) for name in presets]
+    if args.model:
+        from ropelab.sources import load_config
+
+        models.append((args.model, load_config(args.model)[0].model))
+    table = Table(title=f"key/value cache, {args.dtype}: MHA/GQA against MLA (r RoPE pairs and a rank-d latent per KV head)")
+    for col in ("model", "cache", "values/token/layer", "bytes/token/layer", "bytes/token", "saved",
+                *(f"one sequence of {n:,}" for n in SEQ_LENS)):
+        table.add_column(col, justify="right")
+    for name, config in models:
+        for r in mla_cache_rows(config, name, budgets, DTYPE_BYTES[args.dtype]):
+            table.add_row(name, r["cache"], str(r["values_per_token_layer"]), f"{r['bytes_per_token_layer']:,}",
+                          f"{r['bytes_per_token']:,}", f"{r['saved']:.1%}",
+                          *(f"{r[f'bytes_at_{n}'] / 2**20:,.1f} MiB" for n in SEQ_LENS))
+    Console().print(table)
 
 
 def _add_rope_base(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.layout_presets import LAYOUT_PRESETS
+from ropelab.config.mla import MLAConfig
 from ropelab.config.position import Position, default_position, parse_position, rope_overlay
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError, quoted
@@ -71,6 +72,8 @@ class ModelConfig:
     # Per-layer lists in place of model.position and the layer kind's: {layer_index: [entries]}; e.g.
     # {3: [{type: alibi}]}. A list's rotation entry gives the layer's RoPE keys (as model.rope_layers would).
     position_layers: dict = field(default_factory=dict)
+    # Multi-head latent attention (ropelab.config.mla): None, or the latent's rank per KV head.
+    mla: Optional[MLAConfig] = None
 
     def __post_init__(self) -> None:
         if self.position is not None and isinstance(self.rope, RopeConfig):
@@ -197,6 +200,8 @@ class ModelConfig:
             if rotated:
                 raise ConfigError(f"{where}: only for NoPE layers (Llama 4 scales the queries of the layers without "
                                   f"rotation), but layer {layer} rotates {rotated} channels; set rope: none")
+        if self.mla is not None:
+            self.mla.validate(self)
 
     def check_windows(self, seq_len: int) -> None:
         """Each windowed layer kind's window fits the longest training window `seq_len` (data.seq_len, or

@@ -150,13 +150,15 @@ def scaled_config(model_config: ModelConfig, scaling: RopeScalingConfig, where: 
         refused = config.positions_for_layer(layer)[0].type.extrapolation is not None
         if refused and config.rope_for_layer(layer).resolve_dims(config.head_size):
             keep_unscaled(config, layer)
-    for layer in range(config.n_layer):
-        rope = config.rope_for_layer(layer)
-        if rope.resolve_dims(config.head_size):
-            try:
+    try:
+        for layer in range(config.n_layer):
+            rope = config.rope_for_layer(layer)
+            if rope.resolve_dims(config.head_size):
                 rope.validate(config.head_size)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+        if config.mla is not None:  # a latent cache takes static scalings only (`ropelab.config.mla`)
+            config.mla.validate(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return config
 
 

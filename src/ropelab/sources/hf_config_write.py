@@ -65,6 +65,9 @@ def hf_architecture(config: ModelConfig) -> str:
         why.append(f"n_kv_head={config.kv_heads}: GPT-NeoX has no grouped-query attention")
     if (arch.fused_qkv or not arch.head_dim_field) and config.head_size * config.n_head != config.d_model:
         why.append(f"head_dim={config.head_size}: {arch.model_class} needs head_dim = d_model / n_head")
+    if config.mla is not None:
+        why.append(f"model.mla (rank {config.mla.rank}): no transformers class caches a latent per KV head beside "
+                   "its kept RoPE pairs")
     why += _rope_obstacles(config, arch) + _layout_obstacles(config, arch)
     if why:
         raise ValueError(f"cannot export {config.name!r} as {arch.model_class}: " + "; ".join(why))

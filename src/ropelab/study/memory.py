@@ -43,6 +43,7 @@ from typing import Optional
 
 from ropelab.config import ConfigError, ModelConfig
 from ropelab.config import resolve_rotary_dims
+from ropelab.config.mla import cached_values
 from ropelab.config.position import POSITION_TYPES, layer_kv_state, parse_position
 from ropelab.position.registry import build_rotation, rotation_setting
 from ropelab.rope import table_cache_bytes
@@ -173,6 +174,9 @@ def kv_cache_bytes(config: ModelConfig, layer: int, seq_len: int, dtype: str = "
     before it) or the chunk C (chunked: the last query sees the tokens of its own chunk)."""
     kind = config.layer_kind(layer)
     tokens = seq_len if kind.attention == "full" else min(seq_len, kind.window)
+    if config.mla is not None:  # a latent layer (`model.mla`): its latent and rotated key channels per KV head
+        rotary_dims = config.rope_for_layer(layer).resolve_dims(config.head_size)
+        return config.kv_heads * cached_values(config.mla.rank, rotary_dims) * tokens * DTYPE_BYTES[dtype]
     state = layer_kv_state(config.positions_for_layer(layer))
     return state.numbers_per_token(config.kv_heads, config.head_size) * tokens * DTYPE_BYTES[dtype]
 
