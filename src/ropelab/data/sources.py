@@ -1,14 +1,15 @@
-"""Document sources: the built-in corpora (`stdlib`, `stdlib-prose`, `wiki-prose`), local files, or a Hugging Face dataset.
+"""Document sources: the built-in corpora (`stdlib`, `stdlib-prose`, `wiki-prose`, `shakespeare`), local files, or a Hugging Face dataset.
 
 A source yields ``(key, text)`` pairs in a fixed order; the key decides the validation split
 (`corpus.in_validation`): the relative path for a stdlib corpus (the same split for both), the
-article's title for a Wikipedia corpus, None elsewhere, meaning the text itself, so a document lands in the same split
+article's title for a Wikipedia corpus, the play's name for `shakespeare`, None elsewhere, meaning the text itself, so a document lands in the same split
 whatever its position.
 
 Spec strings (``--source``):
   * ``stdlib``                    – the built-in corpus of standard-library source;
   * ``stdlib-prose``              – the built-in corpus of its docstrings and comments (`ropelab.data.prose`);
   * ``wiki-prose`` (``-fr``, ``-es``) – the built-in corpus of Wikipedia lead sections (`ropelab.data.wiki`);
+  * ``shakespeare``               – the built-in corpus of Shakespeare's plays (`ropelab.data.shakespeare`);
   * a ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a folder of such files (one type,
     read in path order). A ``.txt`` file is one document; json and parquet rows are documents
     whose text is in `text_field`;
@@ -32,6 +33,7 @@ from ropelab import hub
 from ropelab.config import ConfigError
 from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_files, stdlib_root, stdlib_text, wants_validation
 from ropelab.data.prose import EXTRACTION, stdlib_prose
+from ropelab.data import shakespeare
 from ropelab.data.wiki import WIKI_CORPORA, corpus_identity, describe_wiki, wiki_articles
 from ropelab.errors import one_line
 
@@ -39,7 +41,8 @@ LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".tx
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 HUB_TIMEOUT_S = 5.0
 STDLIB_CORPORA = {"stdlib": stdlib_text, "stdlib-prose": stdlib_prose}  # name -> the document of one stdlib file
-BUILTIN_CORPORA = (*STDLIB_CORPORA, *WIKI_CORPORA)
+TEXT_CORPORA = (*WIKI_CORPORA, shakespeare.CORPUS)  # built-in corpora of natural text: a BPE for them learns from them
+BUILTIN_CORPORA = (*STDLIB_CORPORA, *TEXT_CORPORA)
 
 
 def corpus_key(corpus: str, val_percent: float) -> str:
@@ -50,6 +53,8 @@ def corpus_key(corpus: str, val_percent: float) -> str:
             ident += f":{EXTRACTION}"
     elif corpus in WIKI_CORPORA:
         ident = f"{corpus_identity(corpus)}:{val_percent}"
+    elif corpus == shakespeare.CORPUS:
+        ident = f"{shakespeare.corpus_identity()}:{val_percent}"
     else:
         ident = f"{Path(corpus).resolve()}:{val_percent}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
@@ -59,6 +64,9 @@ def builtin_documents(corpus: str, skip: int = 0) -> Iterator[tuple[str, str]]:
     """(key, text) of every document of a built-in corpus from position `skip` on, in the corpus's order."""
     if corpus in WIKI_CORPORA:
         yield from wiki_articles(corpus)[skip:]
+        return
+    if corpus == shakespeare.CORPUS:
+        yield from shakespeare.shakespeare_plays()[skip:]
         return
     document = STDLIB_CORPORA[corpus]
     for relative, path in stdlib_entries()[skip:]:
@@ -74,14 +82,19 @@ def corpus_documents(corpus: str, split: str, val_percent: float = 2.0) -> Itera
     if corpus in WIKI_CORPORA:
         want_validation = wants_validation(split)
         return (text for title, text in wiki_articles(corpus) if in_validation(title, val_percent) == want_validation)
+    if corpus == shakespeare.CORPUS:
+        want_validation = wants_validation(split)
+        return (text for play, text in shakespeare.shakespeare_plays() if in_validation(play, val_percent) == want_validation)
     raise ConfigError(f"data.corpus={corpus!r}: text documents are only built in for {', '.join(BUILTIN_CORPORA)}; "
                       "prepare other sources into a token folder")
 
 
 def describe_builtin(corpus: str) -> dict:
-    """What a manifest records of a built-in corpus: its origin (and licence, for Wikipedia's text)."""
+    """What a manifest records of a built-in corpus: its origin (and licence, for Wikipedia's and Shakespeare's text)."""
     if corpus in WIKI_CORPORA:
         return describe_wiki(corpus)
+    if corpus == shakespeare.CORPUS:
+        return shakespeare.describe_shakespeare()
     out = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}  # the running Python's own source
     if corpus == "stdlib-prose":
         out["extraction"] = EXTRACTION

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Protocol
 
 from ropelab.config import ConfigError
-from ropelab.data.sources import BUILTIN_CORPORA, corpus_documents, corpus_key
-from ropelab.data.wiki import WIKI_CORPORA
+from ropelab.data.sources import BUILTIN_CORPORA, TEXT_CORPORA, corpus_documents, corpus_key
 from ropelab.data.tokens import read_manifest
 from ropelab.errors import load_failure
 
@@ -237,7 +236,7 @@ def load_tokenizer(spec: str, corpus: str = "stdlib", val_percent: float = 2.0, 
             vocab = int(spec.split(":", 1)[1])
         except ValueError:
             raise ConfigError(f"data.tokenizer={spec!r}: expected bpe:<vocab size>, e.g. bpe:4096") from None
-        return load_bpe(vocab, corpus if corpus in WIKI_CORPORA else "stdlib", val_percent)
+        return load_bpe(vocab, corpus if corpus in TEXT_CORPORA else "stdlib", val_percent)
     return builtin_model_tokenizer(spec) or load_hf_tokenizer(spec, trust_remote_code)
 
 
