@@ -32,7 +32,10 @@ class DataConfig:
     `mask_boundary_labels`: no loss on a document's last token, whose target is the next
     document's first. `positions`: ``running`` over the window, or ``restart`` at each document.
     `max_doc_len`: cut documents into pieces of at most this many tokens, each treated as a document
-    (short documents from any corpus; see `ropelab.data.loader`).
+    (short documents from any corpus; see `ropelab.data.loader`). `piece_order`: ``stream`` keeps the
+    pieces in the split's order; ``apart`` (training split, ``pack=cross``, needs `max_doc_len`) lays two
+    pieces of one document at least a window apart, so no training window holds more than `max_doc_len`
+    tokens of any document (`ropelab.data.pieces`).
     `verify` (prepared folders): ``once`` hashes the shards on first use on this machine,
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
@@ -46,9 +49,12 @@ class DataConfig:
     mask_boundary_labels: bool = False
     verify: Literal["once", "always", "sizes"] = "once"
     max_doc_len: Optional[int] = None
+    piece_order: Literal["stream", "apart"] = "stream"
 
     def validate(self) -> None:
         check_ints("data", self, ("seq_len", "max_doc_len"))
+        if self.piece_order == "apart" and (not self.max_doc_len or self.pack != "cross"):
+            raise ConfigError("data.piece_order=apart: needs data.max_doc_len (the pieces' length) and data.pack=cross")
         if not (0 < self.val_percent < 50):
             raise ConfigError(f"data.val_percent={self.val_percent}: must be in (0, 50)")
         if not self.corpus:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ropelab.config import ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
+from ropelab.data.pieces import ApartPieces
 from ropelab.data.prepare import builtin_token_folder
 from ropelab.data.sources import BUILTIN_CORPORA
 from ropelab.data.tokenizer import load_tokenizer
@@ -73,9 +74,12 @@ def build_loaders(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
         check_tokenizer(folder, manifest, d.tokenizer)
     check_vocab(folder, manifest, config.model.vocab_size)
     pad_id = manifest["pad_id"] if manifest["pad_id"] is not None else manifest["eos_id"]
-    loaders = [
-        PackedLoader(open_split(folder, split, manifest), d.seq_len, config.seed, d.positions, d.pack,
-                     d.mask_boundary_labels, pad_id, name=f"{folder} ({split})", max_doc_len=d.max_doc_len)
-        for split in SPLITS
-    ]
+    loaders = []
+    for split in SPLITS:
+        tokens = open_split(folder, split, manifest)
+        if split == "train" and d.piece_order == "apart":
+            tokens = ApartPieces(tokens, d.max_doc_len, gap=d.seq_len)
+            manifest = {**manifest, "apart_pieces": {"tokens": tokens.num_tokens, "dropped_tokens": tokens.dropped_tokens}}
+        loaders.append(PackedLoader(tokens, d.seq_len, config.seed, d.positions, d.pack, d.mask_boundary_labels, pad_id,
+                                    name=f"{folder} ({split})", max_doc_len=d.max_doc_len))
     return loaders[0], loaders[1], manifest
