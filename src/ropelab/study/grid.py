@@ -15,6 +15,7 @@ A study YAML looks like::
     extrapolation: {lengths: [512, 1024]}   # optional: RoPE scaling methods beyond the trained length, every finished run
     teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
     frontier: {budgets: [5, 10, 20]}   # optional: each run becomes a trunk and a cooldown per budget (`ropelab.study.frontier`)
+    engine: auto             # optional: auto (measured per group of runs, `ropelab.study.engine`) or eager
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
@@ -31,7 +32,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, from_dict, load_yaml, parse_override, set_dotted
 from ropelab.errors import quoted
@@ -53,6 +54,8 @@ class StudyConfig:
     extrapolation: dict | None = None  # `ropelab eval extrapolation` options, likewise
     teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
     frontier: dict | None = None  # each run as a trunk and cooldown branches per token budget (study.frontier)
+    # how the runs are trained: auto (layout, compiled steps, allocator measured per group) or eager (`ropelab.study.engine`)
+    engine: Literal["auto", "eager"] = "auto"
 
 
 @dataclass
@@ -70,7 +73,7 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier", "engine"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {quoted(key)}; allowed: {', '.join(sorted(allowed))}")
