@@ -171,14 +171,13 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
         notes.append("no C++ compiler found: compiled steps not tried")
     else:
         compiled = Layout(best.processes, best.threads, compile=True)
-        if trial(compiled) < measured[layouts.index(best)]["estimate_s"]:
+        if trial(compiled) < min(m["estimate_s"] for m in measured[:-1]):
             best = compiled
     if allocator is None:
         notes.append("no tcmalloc or jemalloc installed: glibc malloc")
     else:
         with_allocator = Layout(best.processes, best.threads, best.compile, allocator)
-        best_s = min(m["estimate_s"] for m in measured)
-        if trial(with_allocator) < best_s:
+        if trial(with_allocator) < min(m["estimate_s"] for m in measured[:-1]):
             best = with_allocator
     return {"chosen": asdict(best), "measured": measured, "notes": notes, "runs": runs, "steps": steps,
             "probe_steps": PROBE_STEPS}
