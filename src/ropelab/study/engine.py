@@ -115,11 +115,10 @@ class Probe:
     step_s: float  # median step time after the warm-up steps
 
 
-def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path) -> Probe:
-    """Train `layout.processes` copies of the run at once for PROBE_STEPS steps each."""
+def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps: int = PROBE_STEPS) -> Probe:
+    """Train `layout.processes` copies of the run at once for `steps` steps each."""
     tree = json.loads(json.dumps(tree))
-    tree["train"].update(steps=PROBE_STEPS, phases=[], eval_every=PROBE_STEPS, eval_batches=1,
-                         checkpoint_every=PROBE_STEPS, tensorboard=False, progress=False, checkpoint_steps=[])
+    tree["train"].update(steps=steps, phases=[], eval_every=steps, eval_batches=1, checkpoint_every=steps, tensorboard=False, progress=False, checkpoint_steps=[])
     for key in ("tokens", "init_from", "branch_from"):
         tree["train"].pop(key, None)
     shutil.rmtree(folder, ignore_errors=True)
@@ -143,15 +142,15 @@ def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path) -> Pro
     return Probe(wall, statistics.fmean(steps) * tokens_per_step)
 
 
-def estimate_s(probe: Probe, layout: Layout, runs: int, steps: int) -> float:
+def estimate_s(probe: Probe, layout: Layout, runs: int, steps: int, probe_steps: int = PROBE_STEPS) -> float:
     """The group's estimated time: its rounds of `layout.processes` runs, each probe wall + remaining steps."""
-    per_run = probe.wall_s + max(0, steps - PROBE_STEPS) * probe.step_s
+    per_run = probe.wall_s + max(0, steps - probe_steps) * probe.step_s
     return math.ceil(runs / layout.processes) * per_run
 
 
 def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, study_dir: Path,
                   measure: Callable[..., Probe] = run_probes, compiler: Optional[str] = "auto",
-                  allocator: Optional[str] = "auto") -> dict:
+                  allocator: Optional[str] = "auto", probe_steps: int = PROBE_STEPS) -> dict:
     """Measure the candidates for one group (module docstring); the record of the choice."""
     compiler = cpp_compiler() if compiler == "auto" else compiler
     allocator = installed_allocator() if allocator == "auto" else allocator
@@ -159,7 +158,7 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
 
     def trial(layout: Layout) -> float:
         probe = measure(tree, layout, folder, study_dir)
-        seconds = estimate_s(probe, layout, runs, steps)
+        seconds = estimate_s(probe, layout, runs, steps, probe_steps)
         measured.append({**asdict(layout), "wall_s": round(probe.wall_s, 3), "step_s": round(probe.step_s, 6),
                          "estimate_s": round(seconds, 2)})
         return seconds
@@ -180,7 +179,7 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
         if trial(with_allocator) < min(m["estimate_s"] for m in measured[:-1]):
             best = with_allocator
     return {"chosen": asdict(best), "measured": measured, "notes": notes, "runs": runs, "steps": steps,
-            "probe_steps": PROBE_STEPS}
+            "probe_steps": probe_steps}
 
 
 def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cores: int,
