@@ -121,3 +121,17 @@ def test_compiled_steps_equal_eager_ones(position, monkeypatch, tmp_path):
     (eager, eager_val), (compiled, compiled_val) = curves[False], curves[True]
     assert len(eager) == 8 and compiled == pytest.approx(eager, rel=1e-5)
     assert abs(compiled_val - eager_val) < 0.002
+
+
+def test_engine_benchmark_profiles_a_step_and_ends_with_its_figures():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "engine.py"
+    done = subprocess.run([sys.executable, str(script), "--parts", "profile", "--sizes", "1"], capture_output=True, text=True,
+                          timeout=300, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["sgemm_gflops"] > 0 and figures["machine"]
+    assert set(figures["profile"]) == {"matmul", "attention", "elementwise and other"}
+    assert sum(figures["profile"].values()) == pytest.approx(1.0) and figures["profile"]["matmul"] > 0
