@@ -1,6 +1,6 @@
 """`ropelab study --engine auto` against `eager` on the claims' shapes: equal losses, speed, and where a step's time goes.
 
-    python benchmarks/engine.py                       # all three parts, about 6 minutes on 2 cores
+    python benchmarks/engine.py                       # all three parts (equality compiles 10 runs: 10+ minutes on 2 cores)
     python benchmarks/engine.py --parts speed --steps 80
 
 equality: every position encoding of configs/claims/partial-scaling.yaml (NoPE, two channels, 10 %, 25 %,
@@ -65,6 +65,9 @@ def equality(steps: int, folder: Path) -> list[dict]:
             rows.append({"position": name, "seed": seed, "steps": len(eager),
                          "max_rel_loss_diff": max(abs(a - b) / abs(a) for a, b in zip(eager, comp)),
                          "val_eager": eager_val, "val_compiled": comp_val, "val_diff": abs(comp_val - eager_val)})
+            r = rows[-1]
+            print(f"{r['position']:<9}{r['seed']:>5}{r['max_rel_loss_diff']:>19.2e}{r['val_eager']:>11.4f}"
+                  f"{r['val_compiled']:>14.4f}{r['val_diff']:>10.1e}", flush=True)
     os.environ.pop(COMPILE_ENV)
     return rows
 
@@ -138,15 +141,12 @@ def main() -> None:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     figures = {"machine": machine.describe(), "sgemm_gflops": sgemm_gflops(cores)}
-    print(f"{figures['machine']}; sgemm {figures['sgemm_gflops']:.0f} GFLOP/s (1024^3 fp32, {cores} threads)")
+    print(f"{figures['machine']}; sgemm {figures['sgemm_gflops']:.0f} GFLOP/s (1024^3 fp32, {cores} threads)", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         if "equality" in args.parts:
-            figures["equality"] = equality(args.steps, Path(folder) / "equality")
             print(f"\ncompiled vs eager, fp32, {args.steps} steps, 1 layer")
             print(f"{'position':<9}{'seed':>5}{'max rel loss diff':>19}{'val eager':>11}{'val compiled':>14}{'val diff':>10}")
-            for r in figures["equality"]:
-                print(f"{r['position']:<9}{r['seed']:>5}{r['max_rel_loss_diff']:>19.2e}{r['val_eager']:>11.4f}"
-                      f"{r['val_compiled']:>14.4f}{r['val_diff']:>10.1e}")
+            figures["equality"] = equality(args.steps, Path(folder) / "equality")
         if "speed" in args.parts:
             figures["speed"] = [speed(layers, args.steps, Path(folder) / "speed", cores) for layers in args.sizes]
             for s in figures["speed"]:
