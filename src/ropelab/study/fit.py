@@ -40,7 +40,8 @@ from scipy.optimize import minimize
 from ropelab.config import ConfigError
 
 __all__ = ["MIN_BUDGETS", "MIN_SIZES", "DataLaw", "JointLaw", "Point", "check_points", "checked_curve",
-           "fit_data_law", "fit_joint_law", "fits_and_refits", "predict_data_laws", "refit_fixed", "require_budgets"]
+           "fit_data_law", "fit_joint_law", "fits_and_refits", "predict_data_laws", "predict_joint_laws",
+           "refit_fixed", "require_budgets"]
 
 HUBER_DELTA = 1e-3
 # Chinchilla's grid of starting points: log E, the log coefficients, the exponents
@@ -202,6 +203,12 @@ def _theta(law: DataLaw | JointLaw) -> np.ndarray:
 def predict_data_laws(theta: np.ndarray, tokens: float) -> np.ndarray:
     """The data law of each row of theta (fits x [E, log B, beta]) at `tokens`."""
     return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * np.log(tokens))
+
+
+def predict_joint_laws(theta: np.ndarray, params: float, tokens: float) -> np.ndarray:
+    """The joint law of each row of theta (fits x [E, log A, alpha, log B, beta]) at N = `params`, D = `tokens`."""
+    log_n, log_d = np.log(params), np.log(tokens)
+    return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * log_n) + np.exp(theta[:, 3] - theta[:, 4] * log_d)
 
 
 def fits_and_refits(curves: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]):

@@ -19,11 +19,10 @@ import numpy as np
 from ropelab.config import ConfigError
 from ropelab.study.bootstrap import DEFAULT_RESAMPLES, Estimate, Resampler, group_by
 from ropelab.study.fit import (MIN_SIZES, DataLaw, JointLaw, Point, check_points, fits_and_refits, predict_data_laws,
-                               require_budgets)
+                               predict_joint_laws, require_budgets)
 from ropelab.study.fit_profiles import Profile, law_profiles
 
-__all__ = ["DEFAULT_BUDGETS", "Gap", "SizeFit", "VariantFit", "fit_gaps", "fit_variants", "gap", "joint_gap",
-           "predict_joint_laws"]
+__all__ = ["DEFAULT_BUDGETS", "Gap", "SizeFit", "VariantFit", "fit_gaps", "fit_variants", "gap", "joint_gap"]
 
 DEFAULT_BUDGETS: Mapping[str, float] = {"20 tokens/param": 20.0}
 
@@ -132,12 +131,6 @@ def fit_gaps(fits: Sequence[VariantFit], a: str, b: str, budgets: Mapping[str, f
                 float(size_a.law.predict(ratio * params) - size_b.law.predict(ratio * params)),
                 size_a.samples[key] - size_b.samples[key], min(size_a.estimates[key].seeds, size_b.estimates[key].seeds))))
     return gaps
-
-
-def predict_joint_laws(theta: np.ndarray, params: float, tokens: float) -> np.ndarray:
-    """The joint law of each row of theta (fits x [E, log A, alpha, log B, beta]) at N = `params`, D = `tokens`."""
-    log_n, log_d = np.log(params), np.log(tokens)
-    return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * log_n) + np.exp(theta[:, 3] - theta[:, 4] * log_d)
 
 
 def joint_gap(fits: Sequence[VariantFit], a: str, b: str, params: float, tokens: float) -> Estimate:
