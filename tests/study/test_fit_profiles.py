@@ -49,6 +49,7 @@ def test_alpha_is_not_identified_from_a_flat_law():
     """L(N, D) with no N term: every alpha fits (A goes to 0), so its interval runs to the grid's ends."""
     flat = law_profiles(*_joint_fit(points(sizes=SIZES, law=lambda n, d: joint_law(1e12, d), noise_seed=1)))
     assert not flat["alpha"].identified
+    assert all(np.all(np.diff(p.values) > 0) for p in flat.values())  # a best fit at 0 repeats no grid value
 
 
 def test_one_size_identifies_no_size_exponent():

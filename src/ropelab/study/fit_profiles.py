@@ -1,8 +1,9 @@
 """Profiles of a scaling law's parameters, and whether the data identify each.
 
 The profile of a parameter (E, or an exponent alpha / beta) is the fit's objective with that
-parameter held at each value of a grid and the others refitted (scipy's L-BFGS-B from the neighbouring
-grid point's fit, walking out from the best fit; E and the exponents stay >= 0). The coefficients A
+parameter held at each value of a grid and the others refitted (scipy's L-BFGS-B, walking out from the
+best fit: the better of the refits from the neighbouring grid point's fit and from the best fit, as
+either alone can stall in the law's curved valleys; E and the exponents stay >= 0). The coefficients A
 and B are not profiled: they are scales the exponents and E leave to be fitted.
 
 **Interval.** The profile interval is {theta: objective(theta) <= objective_min * (1 + F / (n - p))},
@@ -17,7 +18,8 @@ fit", not as an exact coverage.
 starts above 0 (E at 0, or an exponent at 0 so that its term is a constant, is what a flat or
 too-short profile reaches) and ends below the grid's upper end. The grid runs from 0 to
 `EXPONENT_REACH` x the best value (at least `MIN_EXPONENT_REACH`) for an exponent, and to just below
-the smallest loss measured for E (E at or past it cannot fit the points).
+the smallest loss measured for E (E at or past it cannot fit the points); from a best fit at 0 the
+grid is denser near 0.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Profile:
 
 def _grid(best: float, upper: float) -> np.ndarray:
     """GRID_POINTS values from 0 to `upper` with `best` among them, denser near `best`."""
+    if best <= 0:
+        return upper * np.linspace(0.0, 1.0, GRID_POINTS) ** 2
     below = GRID_POINTS // 2
     t = np.linspace(0.0, 1.0, GRID_POINTS - below)[1:] ** 2
     return np.concatenate([np.linspace(0.0, best, below, endpoint=False), [best], best + (upper - best) * t])
@@ -89,17 +93,17 @@ def profile(log_x: np.ndarray, log_loss: np.ndarray, theta: np.ndarray, objectiv
     its summed Huber loss) to the points (log x: points x k, log loss), each point once."""
     index = LAW_PARAMETERS[theta.size][name]
     best = float(theta[index])
-    upper = (float(np.exp(log_loss.min())) * E_REACH if index == 0
-             else max(EXPONENT_REACH * best, MIN_EXPONENT_REACH))
-    best = min(best, upper)
+    upper = max(float(np.exp(log_loss.min())) * E_REACH if index == 0
+                else max(EXPONENT_REACH * best, MIN_EXPONENT_REACH), best)
     values = _grid(best, upper)
     centre = int(np.searchsorted(values, best))
     objectives = np.empty(values.size)
     objectives[centre] = objective
-    for step in (-1, 1):  # walk out from the best fit, each refit starting from its neighbour's
+    for step in (-1, 1):  # walk out from the best fit, each refit the better from its neighbour's and the best fit
         start, i = theta, centre + step
         while 0 <= i < values.size:
-            start, objectives[i] = refit_fixed(log_x, log_loss, start, index, float(values[i]))
+            start, objectives[i] = min((refit_fixed(log_x, log_loss, begin, index, float(values[i]))
+                                        for begin in (start, theta)), key=lambda fit: fit[1])
             i += step
     minimum = min(objective, float(objectives.min()))  # a refit may beat the given fit by rounding
     dof = log_loss.size - theta.size
