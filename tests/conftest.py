@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path, PurePath
 
@@ -11,6 +12,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # OpenMP regions on 2 cores wait on each other whenever one is descheduled)
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the subprocesses tests start
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A shell starts background jobs (`nohup pytest &`) with Ctrl-C ignored, and Python then leaves it so;
+    # the tests of Ctrl-C (in this process and the ropelab processes it starts, which inherit an ignored
+    # signal but not a handler) need Python's usual KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -346,3 +346,19 @@ def test_an_inference_forward_works_in_place_only_on_tensors_no_hook_kept(qk_nor
     with torch.no_grad():
         for module, given, output in kept:
             assert torch.equal(output, module(given)), module
+
+
+def test_a_phase_theta_set_in_model_position_survives_a_config_round_trip():
+    """set_rope (a phase's switch) keeps the model's config in step with its modules where the theta sits
+    in `model.position`, so what remote-code export writes (the config as a dict) reads back to it."""
+    from ropelab.config.coerce import from_dict
+
+    def config(theta):
+        return ModelConfig(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, d_ff=64,
+                           position=[{"type": "rope", "theta": theta}])
+
+    model = Transformer(config(500.0))
+    model.set_rope(config(1e6))
+    rebuilt = from_dict(ModelConfig, dataclasses.asdict(model.config), "model")
+    assert [rebuilt.rope_for_layer(layer).theta for layer in range(2)] == [1e6, 1e6]
+    assert [block.attn.rope.theta for block in model.blocks] == [1e6, 1e6]

@@ -30,8 +30,8 @@ Backends (``attention.backend``):
                  by the test suite (no GPU in CI);
   * ``local``  – windows only: query blocks attend to the keys their window spans, one batched SDPA
                  call, cost O(T * (block + W)) (`attention_windows.local_attention`); with
-                 ``doc_ids`` every block's small mask also compares documents. Full-attention layers
-                 run what ``auto`` picks, and chunks that begin at a ``chunk_start`` ``varlen``;
+                 ``doc_ids`` every block's small mask also compares documents; chunks that begin at
+                 a ``chunk_start`` span two blocks. Full-attention layers run what ``auto`` picks;
   * ``auto``   – without document ids ``sdpa``, or ``local`` for a window when that is cheaper; with
                  them ``flex`` on CUDA, ``varlen`` otherwise.
 
@@ -39,12 +39,16 @@ Backends (``attention.backend``):
 first layer), so layers share the dense mask, the varlen grouping or the flex block mask, one of
 each per window.
 
+A score bias (``score_bias``, `ropelab.attention_bias`: ALiBi) is taken by every backend, formed only
+over what the backend attends: sdpa and dense add it to their (T x T) mask, varlen once per group of
+equal-length segments (L x L), local once per block's key span, flex as its ``score_mod`` (no tensor).
+
 With a key/value cache there are fewer queries than keys: the queries are the last tokens, the keys
 those the cache holds, which may start after the first token (``key_start``: a windowed layer's
 cache drops the keys no later query sees; ``doc_ids`` covers every token seen). Then every backend
 is SDPA with a dense mask, causal from the queries' offset (and within one document given
-``doc_ids`` and the window), over the keys from the first one a query can see: one new token at a
-time that mask is a single row.
+``doc_ids`` and the window; plus the score bias), over the keys from the first one a query can see
+(`visible_keys`): one new token at a time that mask is a single row.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from typing import Optional, Union
 
 import torch
 
+from ropelab.attention_bias import biased_mask, distances
 from ropelab.attention_windows import (Window, check_window, first_key, local_attention, local_is_cheaper, sdpa,
                                        visible, window_mask)
 
@@ -218,9 +223,9 @@ class Documents:
         return self._block_masks[window]
 
 
-def _varlen(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
+def _varlen(q, k, v, docs: Documents, window: Window, score_bias=None) -> torch.Tensor:
     if window is not None and window[0] == "chunked":
-        return _varlen(q, k, v, docs.chunked(window[1]), None)
+        return _varlen(q, k, v, docs.chunked(window[1]), None, score_bias)
     B, H, T, D = q.shape
     plan = docs.plan()
 
@@ -236,8 +241,9 @@ def _varlen(q, k, v, docs: Documents, window: Window) -> torch.Tensor:
         pieces = slots.split([rows * heads * length for rows, length in plan.shapes])
         return [p.view(rows, heads, length, D) for p, (rows, length) in zip(pieces, plan.shapes)]
 
-    # a sliding window only depends on i - j, so within a group it is the same for every segment
-    outputs = [attend(qg, kg, vg, window=window) for qg, kg, vg in zip(groups(q), groups(k), groups(v))]
+    # a sliding window and a score bias only depend on i - j, so within a group they are the same for every segment
+    outputs = [attend(qg, kg, vg, window=window, score_bias=score_bias)
+               for qg, kg, vg in zip(groups(q), groups(k), groups(v))]
     if plan.identity:
         out = torch.cat([y.transpose(1, 2).reshape(-1, H, D) for y in outputs])
     else:
@@ -250,7 +256,7 @@ _compiled_flex = None
 
 
 def _flex(q, k, v, docs: Documents, window: Window, score_mod=None) -> torch.Tensor:
-    """Flex attention over the documents' block mask; `score_mod` (a score bias, `ropelab.attention_bias`)
+    """Flex attention over the documents' block mask; `score_mod` (a score bias's, `ropelab.attention_bias`)
     changes each score where it is computed."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
@@ -275,10 +281,7 @@ def resolve_backend(backend: str, doc_ids: Optional[Union[torch.Tensor, Document
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "local" and window is None:
-        backend = "auto"
-    shifted_chunks = isinstance(doc_ids, Documents) and doc_ids.chunk_start is not None
-    if backend == "local" and window[0] == "chunked" and shifted_chunks:
-        backend = "varlen"  # local's blocks are chunks from token 0 of every row
+        backend = "auto"  # full-attention layers of a model with windowed ones
     if doc_ids is None:
         if backend == "local" or (backend == "auto" and window is not None and local_is_cheaper(window, tokens)):
             return "local"
@@ -296,10 +299,12 @@ def attend(
     backend: str = "auto",
     window: Window = None,
     key_start: int = 0,
+    score_bias=None,
 ) -> torch.Tensor:
     """q (B, Hq, Tq, D), k/v (B, Hk, T, D), optional doc_ids (B, key_start + T) or `Documents` -> (B, Hq, Tq, D).
 
-    `window`: None (full causal attention), ("sliding", W) or ("chunked", C).
+    `window`: None (full causal attention), ("sliding", W) or ("chunked", C). `score_bias`: None, or a
+    module adding a term to the scores (`ropelab.attention_bias`; ALiBi), taken by every backend.
     With a key/value cache the queries are the last Tq of the key_start + T tokens seen, and k and v
     hold the last T of them: `key_start` > 0 where the cache dropped keys no query sees any more
     (`ropelab.kv_cache`); every key a query sees must be held."""
@@ -308,19 +313,18 @@ def attend(
     window = check_window(window, tokens)
     chosen = resolve_backend(backend, doc_ids, q.device, window, T)
     ids = doc_ids.doc_ids if isinstance(doc_ids, Documents) else doc_ids
+    start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
     if Tq != T or key_start:
-        start = doc_ids.chunk_start if isinstance(doc_ids, Documents) else None
-        first = first_key(window, tokens - Tq, 0 if start is None else start)  # the first key a query sees
-        if first < key_start:
-            raise ValueError(f"attend: the queries see keys from token {first} on, but the cache holds them "
-                             f"from token {key_start} only")
-        mask = window_mask(Tq, tokens, window, q.device, first, start)
-        if ids is not None:
-            mask = document_mask(ids, Tq)[..., first:] & mask
+        first, mask = visible_keys(ids, window, Tq, tokens, key_start, q.device, start)
+        if score_bias is not None:
+            mask = biased_mask(mask, score_bias, distances(Tq, tokens - first, q.device, tokens - Tq, first), q.dtype)
         held = first - key_start
         return sdpa(q, k[:, :, held:], v[:, :, held:], mask, False)
     if chosen == "sdpa":
-        mask = None if window is None else window_mask(T, T, window, q.device)
+        if score_bias is None:
+            mask = None if window is None else window_mask(T, T, window, q.device)
+        else:
+            mask = biased_mask(window_mask(T, T, window, q.device), score_bias, distances(T, T, q.device), q.dtype)
         if q.device.type == "cpu":
             # k and v arrive as (B, K, T, D) views of the (B, T, K * D) projections. PyTorch's CPU flash
             # kernel runs faster on them contiguous, as HF's KV cache leaves them (SmolLM2-135M shapes, AMD
@@ -330,10 +334,29 @@ def attend(
             k, v = k.contiguous(), v.contiguous()
         return sdpa(q, k, v, mask, mask is None)
     if chosen == "local":
-        return local_attention(q, k, v, window, ids)
+        return local_attention(q, k, v, window, ids, start, score_bias)
     docs = doc_ids if isinstance(doc_ids, Documents) else Documents(doc_ids)
     if chosen == "dense":
-        return sdpa(q, k, v, docs.mask(window), False)
+        mask = docs.mask(window)
+        if score_bias is not None:
+            mask = biased_mask(mask, score_bias, distances(T, T, q.device), q.dtype)
+        return sdpa(q, k, v, mask, False)
     if chosen == "flex":
-        return _flex(q, k, v, docs, window)
-    return _varlen(q, k, v, docs, window)
+        return _flex(q, k, v, docs, window, None if score_bias is None else score_bias.score_mod())
+    return _varlen(q, k, v, docs, window, score_bias)
+
+
+def visible_keys(doc_ids: Optional[torch.Tensor], window: Window, queries: int, tokens: int, key_start: int,
+                device: torch.device, start: Optional[torch.Tensor] = None) -> tuple[int, torch.Tensor]:
+    """For the last `queries` of `tokens` tokens against a cache holding keys from token `key_start` on:
+    (the first key a query sees, the boolean mask (Tq, tokens - first), or (B, 1, Tq, tokens - first) given
+    doc_ids (B, tokens) or `start` (B,), where each row's chunks begin). Refuses when the cache lacks a key
+    a query sees."""
+    first = first_key(window, tokens - queries, 0 if start is None else start)
+    if first < key_start:
+        raise ValueError(f"attend: the queries see keys from token {first} on, but the cache holds them "
+                         f"from token {key_start} only")
+    mask = window_mask(queries, tokens, window, device, first, start)
+    if doc_ids is not None:
+        mask = document_mask(doc_ids, queries)[..., first:] & mask
+    return first, mask

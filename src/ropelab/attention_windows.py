@@ -12,8 +12,9 @@ may see, one batched SDPA call over all blocks: for a sliding window a block of 
 own keys and those of the ceil((W - 1) / b) blocks before it (copied side by side once; a small mask
 per block trims the span to the window and hides the zero keys standing in before the row), so the
 cost grows with T * (b + W) instead of T^2; for a chunked window a block is a chunk, attended
-causally on its own. The last block is padded with zero tokens after the row's end, which causality
-keeps out of every real query's view.
+causally on its own (where a row's chunks begin at its own start, a block of C also reads the block
+before it, and its mask keeps each query's chunk). The last block is padded with zero tokens after
+the row's end, which causality keeps out of every real query's view.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+from ropelab.attention_bias import biased_mask
 
 WINDOW_KINDS = ("sliding", "chunked")
 Window = Optional[tuple[str, int]]
@@ -79,13 +82,14 @@ def window_mask(queries: int, keys: int, window: Window, device: torch.device, f
     return visible(query_idx - shift, key_idx - shift, window)
 
 
-def local_blocks(window: tuple[str, int]) -> tuple[int, int]:
-    """(queries per block, earlier blocks each block reads): a chunk and none; for a sliding window W
+def local_blocks(window: tuple[str, int], shifted_chunks: bool = False) -> tuple[int, int]:
+    """(queries per block, earlier blocks each block reads): a chunk and none (and the one before it where
+    `shifted_chunks`: chunks that begin at a row's own start straddle two blocks); for a sliding window W
     blocks of W rounded up to a power of two within [64, 256] (measured on CPU: smaller blocks waste
     less of the key span, larger ones make fewer, fuller calls) and as many as W - 1 keys take."""
     kind, size = window
     if kind == "chunked":
-        return size, 0
+        return size, int(shifted_chunks)
     block = min(256, max(64, 1 << (size - 1).bit_length()))
     return block, -(-(size - 1) // block)
 
@@ -132,29 +136,35 @@ def _blocks(x: torch.Tensor, block: int, m: int, tail: int) -> torch.Tensor:
     return blocks.reshape(-1, (m + 1) * block, heads, D).transpose(1, 2)
 
 
-def local_attention(q, k, v, window: tuple[str, int], doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+def local_attention(q, k, v, window: tuple[str, int], doc_ids: Optional[torch.Tensor] = None,
+                    start: Optional[torch.Tensor] = None, score_bias=None) -> torch.Tensor:
     """q (B, Hq, T, D), k/v (B, Hk, T, D) -> (B, Hq, T, D) within `window` (size < T), and within one
-    document given doc_ids (B, T): each block's mask then also compares document ids."""
+    document given doc_ids (B, T): each block's mask then also compares document ids. `start` (B,): the
+    token index where each row's chunks begin (None: 0). `score_bias` (`ropelab.attention_bias`): formed
+    once for a block's (block, key span) distances, the same in every block."""
     B, H, T, D = q.shape
-    block, m = local_blocks(window)
+    block, m = local_blocks(window, shifted_chunks=start is not None and window[0] == "chunked")
     n = -(-T // block)
     tail = n * block - T
     queries = _blocks(q, block, 0, tail)
     keys, values = _blocks(k, block, m, tail), _blocks(v, block, m, tail)
     mask = None
-    if window[0] == "sliding" or doc_ids is not None:
+    if window[0] == "sliding" or doc_ids is not None or start is not None or score_bias is not None:
         span = (m + 1) * block
         keys_in_span = torch.arange(span, device=q.device)
-        # blocks start on chunk boundaries and a sliding window only depends on i - j: one band fits every block
-        band = visible(torch.arange(m * block, span, device=q.device).unsqueeze(1), keys_in_span, window)
-        mask = band.expand(n, block, span).clone()  # (n, block, span)
+        queries_in_span = torch.arange(m * block, span, device=q.device).unsqueeze(1)
+        # blocks start on chunk boundaries, or a row's chunks start at the same offset in each of its
+        # blocks, and a sliding window only depends on i - j: one band fits every block of a row
+        shift = 0 if start is None else start.view(-1, 1, 1)
+        band = visible(queries_in_span - shift, keys_in_span - shift, window)  # (block, span) or (B, block, span)
+        mask = band.unsqueeze(-3).expand(*band.shape[:-2], n, block, span).clone()  # (..., n, block, span)
         first_spans = (torch.arange(m, device=q.device) - m).view(m, 1, 1) * block + keys_in_span  # m <= n as W < T
-        mask[:m] &= first_spans >= 0  # not the zero keys standing in before the row
-        if doc_ids is None:
-            mask = mask.unsqueeze(1).repeat(B, 1, 1, 1)
-        else:
+        mask[..., :m, :, :] &= first_spans >= 0  # not the zero keys standing in before the row
+        if doc_ids is not None:
             ids = F.pad(doc_ids, (m * block, tail))
-            same = ids[:, m * block :].view(B, n, block, 1) == ids.unfold(1, span, block).unsqueeze(2)
-            mask = (mask & same).view(B * n, 1, block, span)
+            mask = mask & (ids[:, m * block :].view(B, n, block, 1) == ids.unfold(1, span, block).unsqueeze(2))
+        mask = mask.expand(B, n, block, span).reshape(B * n, 1, block, span)
+        if score_bias is not None:
+            mask = biased_mask(mask, score_bias, queries_in_span - keys_in_span, q.dtype)  # (B * n, H, block, span)
     out = sdpa(queries, keys, values, mask, mask is None)  # (B * n, H, block, D)
     return out.transpose(1, 2).reshape(B, n * block, H, D)[:, :T].transpose(1, 2)

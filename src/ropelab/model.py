@@ -17,12 +17,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropelab.attention import Documents, attend
-from ropelab.attention_bias import attend_with_bias
 from ropelab.config.layout import QueryTemperature
 from ropelab.config.model import ModelConfig
 from ropelab.kv_cache import KVCache
 from ropelab.layers import fusable, residual_add, rms_norm, rms_norm_linear, swiglu_, swiglu_linear
-from ropelab.position.registry import SCORE_BIASES, build_rotation, rebuild_after_meta, rotation_setting
+from ropelab.mla.attention import LatentAttention
+from ropelab.position.registry import ATTENTIONS, SCORE_BIASES, build_rotation, rebuild_after_meta, rotation_setting
 from ropelab.rope.embedding import RotaryEmbedding
 
 CHECKPOINTING = ("none", "mlp", "full")  # activation checkpointing modes (Transformer.set_activation_checkpointing)
@@ -90,9 +90,13 @@ class Attention(nn.Module):
         self.window = None if kind.attention == "full" else (kind.attention, kind.window)
         self.temperature = kind.temperature  # only on NoPE layers (`ModelConfig.validate`)
         self.backend = "auto"
-        # the score-bias channel of `ropelab.config.position` (ALiBi); None: none
-        self.score_bias = next((SCORE_BIASES[p.type.name](p.spec, H) for p in config.positions_for_layer(layer)
+        # the score-bias and attention channels of `ropelab.config.position` (ALiBi; a method's own attention,
+        # called instead of `attend`); None: none
+        positions = config.positions_for_layer(layer)
+        self.score_bias = next((SCORE_BIASES[p.type.name](p.spec, H) for p in positions
                                 if p.type.channel == "score_bias"), None)
+        self.attention_override = next((ATTENTIONS[p.type.name](p.spec, H) for p in positions
+                                        if p.type.channel == "attention"), None)
 
     def queries_keys_values(self, x: torch.Tensor, position_ids: torch.Tensor,
                             norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,10 +130,8 @@ class Attention(nn.Module):
             seen = kv_cache.get_seq_length(self.layer)  # S
             k, v = kv_cache.update(k, v, self.layer, {"window": self.window})  # (B, K, L + T, D)
             key_start = seen + T - k.shape[2]
-        if self.score_bias is not None:
-            y = attend_with_bias(q, k, v, doc_ids, self.window, key_start, self.score_bias, self.backend)
-        else:
-            y = attend(q, k, v, doc_ids, self.backend, window=self.window, key_start=key_start)  # (B, H, T, D)
+        attention = attend if self.attention_override is None else self.attention_override
+        y = attention(q, k, v, doc_ids, self.backend, self.window, key_start, self.score_bias)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -158,7 +160,7 @@ class Block(nn.Module):
         super().__init__()
         self.parallel = config.block == "parallel"
         self.attn_norm = make_norm(config, config.d_model)
-        self.attn = Attention(config, rope, layer)
+        self.attn = Attention(config, rope, layer) if config.mla is None else LatentAttention(config, rope, layer)
         self.mlp_norm = make_norm(config, config.d_model)
         self.mlp = MLP(config)
         # Activation checkpointing: "mlp" keeps only the input of mlp(mlp_norm(x)) for backward and
@@ -296,8 +298,8 @@ class Transformer(nn.Module):
         self._set_layer_ropes(config, ("theta", "scaling"))
         self.config.rope.theta = config.rope.theta
         self.config.rope.scaling = config.rope.scaling
-        self.config.layer_kinds = copy.deepcopy(config.layer_kinds)
-        self.config.rope_layers = copy.deepcopy(config.rope_layers)
+        for key in ("layer_kinds", "rope_layers", "position", "position_layers"):  # where a layer's RoPE keys can be set
+            setattr(self.config, key, copy.deepcopy(getattr(config, key)))
 
     def set_rope_scaling(self, config: ModelConfig) -> None:
         """Each layer's RoPE scaling as `config` gives it, as `set_rope` (theta stays)."""

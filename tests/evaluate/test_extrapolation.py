@@ -164,3 +164,35 @@ def test_a_scaled_config_scales_every_rotating_layer_kind_and_no_nope_one():
     assert [scaled.rope_for_layer(layer).scaling for layer in range(3)] == [yarn, yarn, None]  # N is NoPE
     assert scaled.rope_for_layer(1).theta == 1e6 and scaled.rope_for_layer(2).resolve_dims(32) == 0
     assert config.layer_kinds["G"].rope["scaling"]["method"] == "linear"  # the model's own config is left alone
+
+
+@pytest.mark.parametrize("overrides, unscaled", [
+    (["model.position_layers={1: [{type: fope, trained_length: 64}]}"], [1]),
+    (["model.layer_pattern=RF", "model.layer_kinds={R: {}, F: {position: [{type: fope, trained_length: 64}]}}"], [1, 3]),
+])
+def test_scaling_leaves_each_layer_whose_rotation_refuses_it_unscaled(overrides, unscaled):
+    """Per layer, not by layer 0: a FoPE layer among RoPE layers keeps its frequencies as trained."""
+    from ropelab.config import build_run_config
+    from ropelab.config.rope import RopeScalingConfig
+    from ropelab.evaluate.extrapolation import rotates, scaled_config
+    from ropelab.model import Transformer
+
+    config = build_run_config(overrides=["model.vocab_size=64", *overrides]).model
+    yarn = RopeScalingConfig(method="yarn", factor=2.0, original_max_position=64)
+    scaled = scaled_config(config, yarn, "extrapolation.methods")
+    assert rotates(config)
+    assert [scaled.rope_for_layer(layer).scaling is None for layer in range(4)] == [l in unscaled for l in range(4)]
+    scaled.validate()  # no "type fope takes no model.rope.scaling"
+    assert config.rope_for_layer(0).scaling is None and config.rope_layers == {}  # the run's own config untouched
+    model = Transformer(config)
+    model.set_rope_scaling(scaled)
+    assert [block.attn.rope.config.scaling is None for block in model.blocks] == [l in unscaled for l in range(4)]
+
+
+def test_a_refusal_names_the_encodings_of_every_layer():
+    from ropelab.config import build_run_config
+    from ropelab.evaluate.extrapolation import scaling_refusal
+
+    config = build_run_config(overrides=["model.position=[{type: nope}]",
+                                         "model.position_layers={2: [{type: alibi}]}"]).model
+    assert scaling_refusal(config).startswith("ALiBi: every method is the model itself")

@@ -11,14 +11,15 @@ import dataclasses
 import pytest
 import torch
 
-from ropelab.config import RunConfig, TrainConfig, build_run_config
+from ropelab.config import ConfigError, RunConfig, TrainConfig, build_run_config
 from ropelab.config.position import POSITION_TYPES
 from ropelab.config.rope import RopeScalingConfig
 from ropelab.evaluate.extrapolation import ExtrapolationSettings, plan_cells, rotates, scaling_refusal
 from ropelab.kv_cache import KVCache
 from ropelab.model import Transformer
-from ropelab.position import ROTATIONS, SCORE_BIASES, position_parameters
+from ropelab.position import ATTENTIONS, ROTATIONS, SCORE_BIASES, position_parameters
 from ropelab.train.optim import build_optimizer
+from tests.position import temperature_attention
 
 VOCAB, T = 64, 24
 # one model per registered type: its position list, and the export route it must take
@@ -27,8 +28,17 @@ CASES = {
     "nope": ("[{type: nope}]", "remote_code"),
     "fope": ("[{type: fope, trained_length: 16}]", "remote_code"),
     "alibi": ("[{type: rope, fraction: 0.25}, {type: alibi}]", "remote_code"),
+    # registered by the tests only (`registered_in_tests`): a whole-attention override
+    # (the shipped modeling code has ropelab's registry only, so its export is refused)
+    temperature_attention.NAME: ("[{type: rope}, {type: test_temperature, temperature: 1.5}]", "refused"),
 }
-MODULES = {"rotation": ROTATIONS, "score_bias": SCORE_BIASES, "attention": {}}
+MODULES = {"rotation": ROTATIONS, "score_bias": SCORE_BIASES, "attention": ATTENTIONS}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered_in_tests():
+    with temperature_attention.registered():
+        yield
 
 
 def _config(name: str, *overrides: str) -> RunConfig:
@@ -110,8 +120,9 @@ def test_learned_position_parameters_are_not_shared_nor_decayed(name):
     optimizer = build_optimizer(model, TrainConfig(weight_decay=0.1))
     decayed = {id(p) for group in optimizer.param_groups if group["weight_decay"] for p in group["params"]}
     assert not learned & decayed
-    if POSITION_TYPES[name].learned:
-        assert len({id(rope) for rope in model.ropes}) == model.config.n_layer
+    if POSITION_TYPES[name].learned:  # one module per layer, whichever channel it is
+        owners = {id(module) for module in model.modules() if getattr(module, "position_type", None) == name}
+        assert len(owners) == model.config.n_layer
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -121,6 +132,11 @@ def test_the_export_route_is_the_declared_one_and_keeps_the_logits(name, tmp_pat
     from ropelab.sources.exported import load_export
 
     model = _model(name)
+    if CASES[name][1] == "refused":
+        with pytest.raises(ConfigError, match=f"position type '{name}' .* outside ropelab; .* cannot be exported"):
+            save_hf(model, tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
+        return
     info = save_hf(model, tmp_path / "hf")
     assert info["route"] == CASES[name][1], info.get("why")
     with torch.no_grad():
@@ -182,15 +198,16 @@ def test_the_probes_channel_map_counts_only_turning_pairs(name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_the_memory_formula_counts_the_tables_the_model_holds(name):
+def test_the_memory_formula_counts_the_tables_and_kv_cache_the_model_holds(name):
     from ropelab.study.memory import layer_kind_memory
 
-    model, length = _model(name), 40
+    model, length, cache = _model(name), 40, KVCache()
     with torch.no_grad():
-        model(torch.randint(0, VOCAB, (1, length)))
+        model(torch.randint(0, VOCAB, (1, length)), kv_cache=cache)
     (row,) = layer_kind_memory(model.config, length, "fp32")
     assert row["rope_table_bytes"] == sum(rope.cache_bytes() for rope in model.ropes)
-    assert row["position"] == sorted({entry.type.name for entry in model.config.positions_for_layer(0)})
+    assert row["kv_cache_bytes"] == sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
+    assert POSITION_TYPES[name].label in row["position"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -240,32 +257,54 @@ def test_the_long_context_length_guard_asks_the_encoding(name):
 @pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
 def test_a_score_bias_through_flex_gives_the_dense_result(name):
     """flex takes the bias as its score_mod (no (T, T) bias tensor); eager (and slow) on the CPU: one call."""
-    from ropelab.attention import flex_available
-    from ropelab.attention_bias import attend_with_bias
+    from ropelab.attention import attend, flex_available
 
     if not flex_available():
         pytest.skip("no flex attention in this torch")
     bias = _model(name).blocks[0].attn.score_bias
     q, k, v = torch.randn(2, 4, T, 16), torch.randn(2, 2, T, 16), torch.randn(2, 2, T, 16)
     doc_ids = torch.cat([torch.zeros(2, 10, dtype=torch.long), torch.ones(2, T - 10, dtype=torch.long)], 1)
-    dense = attend_with_bias(q, k, v, doc_ids, None, 0, bias, "dense")
-    torch.testing.assert_close(attend_with_bias(q, k, v, doc_ids, None, 0, bias, "flex"), dense, atol=1e-5, rtol=1e-5)
+    dense = attend(q, k, v, doc_ids, "dense", score_bias=bias)
+    torch.testing.assert_close(attend(q, k, v, doc_ids, "flex", score_bias=bias), dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
+def test_a_score_bias_model_gives_the_dense_logits_on_every_backend_and_decoding(name):
+    """Documents, a sliding layer and a chunked one: varlen and the local kernel form the bias themselves;
+    a KV-cached decode gets the full forward's logits."""
+    config = _config(name, "model.layer_pattern=SC",
+                     "model.layer_kinds={S: {attention: sliding, window: 5}, C: {attention: chunked, window: 7}}")
+    torch.manual_seed(0)
+    model = Transformer(config.model).eval()
+    doc_ids = torch.cat([torch.zeros(2, 9, dtype=torch.long), torch.ones(2, T - 9, dtype=torch.long)], 1)
+    logits = {}
+    with torch.no_grad():
+        for backend in ("dense", "varlen", "local", "auto"):
+            model.set_attention_backend(backend)
+            logits[backend] = model(_ids(), doc_ids=doc_ids)[0]
+    for backend in ("varlen", "local", "auto"):
+        torch.testing.assert_close(logits[backend], logits["dense"], atol=2e-5, rtol=1e-5, msg=backend)
+    cache, pieces = KVCache(), []  # the windowed layers' cache drops keys: the bias over the keys it holds
+    with torch.no_grad():
+        for start, end in ((0, 11), (11, 12), (12, 20), (20, T)):
+            pieces.append(model(_ids()[:, start:end], doc_ids=doc_ids[:, :end], kv_cache=cache)[0])
+    torch.testing.assert_close(torch.cat(pieces, 1), logits["dense"], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", [name for name, kind in POSITION_TYPES.items() if kind.channel == "score_bias"])
 def test_a_score_bias_counts_chunks_from_a_left_padded_rows_first_token(name):
     """A left-padded row (Documents.chunk_start) gives its real tokens what the row alone gives them."""
-    from ropelab.attention import Documents
-    from ropelab.attention_bias import attend_with_bias
+    from ropelab.attention import Documents, attend
 
     bias = _model(name).blocks[0].attn.score_bias
     pad, length, window = 3, 13, ("chunked", 4)
     tokens = pad + length
     q, k, v = torch.randn(1, 4, tokens, 16), torch.randn(1, 2, tokens, 16), torch.randn(1, 2, tokens, 16)
     doc_ids = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, length, dtype=torch.long)], 1)
-    padded = attend_with_bias(q, k, v, Documents(doc_ids, chunk_start=torch.tensor([pad])), window, 0, bias, "dense")
-    alone = attend_with_bias(q[:, :, pad:], k[:, :, pad:], v[:, :, pad:], None, window, 0, bias, "dense")
-    torch.testing.assert_close(padded[:, :, pad:], alone, atol=1e-6, rtol=1e-5)
+    alone = attend(q[:, :, pad:], k[:, :, pad:], v[:, :, pad:], None, "dense", window, score_bias=bias)
+    for backend in ("dense", "varlen", "local"):
+        padded = attend(q, k, v, Documents(doc_ids, chunk_start=torch.tensor([pad])), backend, window, score_bias=bias)
+        torch.testing.assert_close(padded[:, :, pad:], alone, atol=1e-6, rtol=1e-5, msg=backend)
 
 
 def test_layer_kinds_mix_encodings_in_one_model():
@@ -283,3 +322,27 @@ def test_layer_kinds_mix_encodings_in_one_model():
         full = model(ids)[0]
         pieces = [model(ids[:, :11], kv_cache=cache)[0], model(ids[:, 11:], kv_cache=cache)[0]]
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "varlen", "local"])
+def test_a_whole_attention_override_replaces_attention_on_every_backend(backend):
+    """A layer whose list has an `attention` entry calls that module instead of ropelab's attention: at
+    temperature 1 it computes what a plain RoPE model does (whatever backend is asked for, documents and
+    windows included), at another temperature something else."""
+    windows = ("model.layer_pattern=LS", "model.layer_kinds={L: {attention: full}, S: {attention: sliding, window: 5}}")
+    plain = Transformer(_config("rope", *windows).model).eval()
+    outputs = {}
+    for temperature in (1.0, 1.5):
+        override = f"{{type: {temperature_attention.NAME}, temperature: {temperature}}}"
+        position = f"model.position=[{{type: rope}}, {override}]"
+        model = Transformer(_config("rope", *windows, position).model).eval()
+        model.load_state_dict(plain.state_dict(), strict=False)  # every weight but the temperatures
+        model.set_attention_backend(backend)
+        doc_ids = torch.cat([torch.zeros(2, 9, dtype=torch.long), torch.ones(2, T - 9, dtype=torch.long)], 1)
+        with torch.no_grad():
+            outputs[temperature] = model(_ids(), doc_ids=doc_ids)[0]
+    plain.set_attention_backend(backend)
+    with torch.no_grad():
+        expected = plain(_ids(), doc_ids=doc_ids)[0]
+    torch.testing.assert_close(outputs[1.0], expected, atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(outputs[1.5], expected, atol=1e-3)

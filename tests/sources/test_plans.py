@@ -103,6 +103,19 @@ def test_two_norm_scores_are_written_into_the_config_per_layer():
         resolve_plans(target)
 
 
+def test_a_layer_with_its_own_position_list_gets_its_two_norm_pairs_there():
+    import dataclasses
+
+    model = source_model()
+    scores = [torch.arange(KV * N_PAIRS, dtype=torch.float64).reshape(KV, N_PAIRS) for _ in range(LAYERS)]
+    own = [{"type": "rope", "keep_pairs": 2, "select": "2-norm"}, {"type": "alibi"}]
+    target = dataclasses.replace(model.config, position_layers={1: own})
+    plans, config = resolve_plans(target, scores)  # validated: no model.rope_layers.1 beside the layer's list
+    assert config.rope_for_layer(1).pairs == [N_PAIRS - 2, N_PAIRS - 1] and not config.rope_layers
+    assert [entry.type.name for entry in config.positions_for_layer(1)] == ["rope", "alibi"]
+    assert plans[1] == [[N_PAIRS - 2, N_PAIRS - 1]] * KV and plans[0] == [list(range(N_PAIRS))] * KV
+
+
 def test_qk_norm_models_keep_one_plan_per_layer():
     model = source_model(qk_norm=True)
     scores = [torch.tensor([[9.0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 5, 9]])] * LAYERS

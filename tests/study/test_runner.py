@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ropelab.config import ConfigError
 from ropelab.study.engine import Layout
@@ -78,6 +79,19 @@ def test_a_different_grid_is_refused(finished, tmp_path):
         run_study(study(**{"model.rope.fraction": [0.5]}), out, live=False)
 
 
+def test_a_study_recorded_before_a_config_key_existed_goes_on(finished, tmp_path):
+    """study.yaml written by a ropelab without `model.position` (before the position registry): the
+    same grid, read back with today's defaults, so the finished runs count as done."""
+    out = copy_of(finished, tmp_path)
+    record = yaml.safe_load((out / "study.yaml").read_text())
+    for config in record["runs"].values():
+        del config["model"]["position"]
+    (out / "study.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    assert run_study(study(), out, live=False) == {"fraction0": "done", "fraction1": "done"}
+    with pytest.raises(ConfigError, match="different grid"):
+        run_study(study(**{"model.rope.fraction": [0.0, 0.5]}), out, live=False)
+
+
 def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
     variants = [{"name": "broken", "data.tokenizer": str(tmp_path / "missing.json")}, {"name": "ok"}]
     statuses = run_study(StudyConfig(name="t", base=BASE, variants=variants), tmp_path, jobs=2, live=False)
@@ -87,8 +101,6 @@ def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
 
 
 def test_study_command_writes_every_output(tmp_path, capsys):
-    import yaml
-
     from ropelab.cli import main
 
     config = tmp_path / "study.yaml"

@@ -10,8 +10,10 @@ import yaml
 from safetensors.torch import load_file
 
 from ropelab.config import ConfigError, build_run_config
+from ropelab.sources.init import run_config
 from ropelab.sources.runs import checkpoint_step
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.branch import branch_point
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
 
@@ -158,3 +160,21 @@ def test_a_branch_from_a_parent_still_training_says_so(parent, tmp_path, step):
         assert "\n" not in str(caught.value) and not (tmp_path / "branch").exists()
         kept = branch_point(build_run_config(overrides=[*overrides, *chosen[:2], "train.branch_step=4"]))
         assert kept.step == 4  # a step of its train.checkpoint_steps, never pruned: a branch point meanwhile
+
+
+def test_a_branch_takes_the_model_its_phased_parent_held_at_the_checkpoint(tmp_path, tiny_session_overrides):
+    """The parent's theta moves from 10k to 500k at step 4: a branch from step 6 continues with 500k, one
+    from step 2 with 10k, without the user restating either (`ropelab train`'s defaults: run_config)."""
+    phases = {"train": {"phases": [{"name": "short", "steps": 4, "overrides": {"model.rope.theta": 10000}},
+                                   {"name": "long", "steps": 4, "overrides": {"model.rope.theta": 500000}}]}}
+    run_dir = tmp_path / "parent"
+    train(build_run_config(phases, overrides=[*tiny_session_overrides, "train.checkpoint_every=2",
+                                              "train.keep_checkpoints=4"]), run_dir)
+    for step, theta in ((6, 500000), (2, 10000)):
+        config = run_config(overrides=[*tiny_session_overrides, f"train.branch_from={run_dir}",
+                                       f"train.branch_step={step}", "train.steps=8"])
+        assert config.model.rope.theta == theta
+        assert branch_point(config).step == step
+    newest = run_config(overrides=[*tiny_session_overrides, f"train.branch_from={ckpt.step_dir(run_dir, 6)}",
+                                   "train.steps=8"])
+    assert newest.model.rope.theta == 500000

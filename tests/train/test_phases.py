@@ -131,3 +131,21 @@ def test_a_phase_below_the_base_bound_warns_in_one_line(tiny_overrides, tmp_path
     assert scaled > distance  # the scaled frequencies are the ones checked: positions turn 8x slower
     nope = build_run_config(overrides=[*tiny_overrides, "model.rope.fraction=0", "data.seq_len=64"])
     assert base_warnings(resolve_phases(nope)) == []
+
+
+@pytest.mark.parametrize("position, key, thetas", [
+    # model.position's rotation entry sets theta: laid over model.rope when the phase's config is built, it
+    # undid the phase's switch (every phase ran at 500)
+    (["model.position=[{type: rope, theta: 500}, {type: alibi}]"], "model.rope.theta", [[500.0] * 2, [1e6] * 2]),
+    (["model.position=[{type: rope, fraction: 0.5}, {type: alibi}]"], "model.rope.theta", [[1e4] * 2, [1e6] * 2]),
+    # a kind with its own list has no `rope`: its theta switch goes into the list's rotation entry
+    (["model.layer_pattern=AB", "model.layer_kinds={A: {position: [{type: fope, trained_length: 64}]}, B: {}}"],
+     "model.layer_kinds.A.rope.theta", [[1e4, 1e4], [1e6, 1e4]]),
+    # a layer's own list keeps its RoPE keys, as a model.rope_layers entry does
+    (["model.position_layers={1: [{type: rope, theta: 500}]}"], "model.rope.theta", [[1e4, 500.0], [1e6, 500.0]]),
+])
+def test_a_phases_theta_switch_reaches_layers_whose_list_spells_their_rope_keys(tiny_overrides, position, key, thetas):
+    phases = resolve_phases(build_run_config(
+        {"train": {"phases": [{"name": "a", "steps": 2}, {"name": "b", "steps": 2, "overrides": {key: 1e6}}]}},
+        overrides=tiny_overrides + position))
+    assert [[phase.config.model.rope_for_layer(layer).theta for layer in (0, 1)] for phase in phases] == thetas

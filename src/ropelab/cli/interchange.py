@@ -11,12 +11,14 @@ from ropelab.cli.common import Command
 def _add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run directory (latest checkpoint), <run>/checkpoints/step_N, or an imported folder")
     p.add_argument("--out", dest="out_dir", required=True, help="new folder for the Hugging Face model (must not exist or be empty)")
+    p.add_argument("--layout", default="ropelab", help="ropelab (default: the native class, or ropelab's own code); "
+                                                       "deepseek-v3 is not built and is refused")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ropelab.export.hf import export_hf
 
-    info = export_hf(args.source, args.out_dir)
+    info = export_hf(args.source, args.out_dir, layout=args.layout)
     print(f"exported {info['checkpoint']} (step {info['step']}) as {info['architecture']} -> {info['out_dir']}")
     if info.get("route") == "remote_code":
         print(f"no native transformers class ({info['why']}): modeling code shipped; load with trust_remote_code=True "

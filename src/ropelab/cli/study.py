@@ -10,6 +10,9 @@ from ropelab.cli.common import Command, numbers, positive_int, token_counts
 from ropelab.config import ConfigError, MODEL_PRESETS
 from ropelab.files import output_folder, writable_folder
 
+SCORE_BIAS_NOTE = ("score bias / call: what one layer's bias (ALiBi) materialises for one sequence on the SDPA path, "
+                   "the fp32 bias and its float mask (H x T x T); 0 on flex (a score_mod); under autograd each "
+                   "layer's mask is kept for its backward")
 REPORT_FILES = ("summary.csv", "summary.json", "loss_curves.png", "final_loss.png", "report.md", "report.html")
 
 
@@ -92,11 +95,15 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", default="llama-3.2-1b,pythia-1b,llama-3.1-8b", help="comma-separated model presets")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype of the duplicated (HF-style) cache")
     p.add_argument("--gpus", type=int, default=8, help="GPUs for the replicated vs sharded columns")
-    p.add_argument("--fractions", help="comma-separated rotated fractions in [0, 1], 2ch (two channels) or pairs:R "
+    p.add_argument("--fractions", help="comma-separated rotated fractions in [0, 1], 2ch (two channels), pairs:R "
                                        "(a plan keeping R frequency pairs per KV head, the same in every KV head) "
-                                       "(default 0,2ch,0.1,0.25,0.5,0.75,1)")
+                                       "or position types joined by + (rope, nope, fope, alibi, rope+alibi: the "
+                                       "preset with that model.position) (default 0,2ch,0.1,0.25,0.5,0.75,1)")
     p.add_argument("--out", help="folder for memory.csv and memory.png")
     p.add_argument("--config", help="a run config YAML: also its cos/sin tables and key/value cache per layer kind")
+    p.add_argument("--mla", help="MLA budgets PAIRS:RANK per KV head (e.g. 2:8,4:16): the key/value cache per token "
+                                 "of each preset (and --model) beside its MHA/GQA cache")
+    p.add_argument("--model", help="with --mla: also this model source (e.g. smollm2-135m; its config only)")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -117,16 +124,24 @@ def cmd_memory(args: argparse.Namespace) -> int:
             raise ConfigError(f"--presets: unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
     fractions = DEFAULT_FRACTIONS if args.fractions is None else [parse_entry(f) for f in args.fractions.split(",")]
     rows = memory_table(presets, fractions, dtype=args.dtype, gpus=args.gpus)
-    table = Table(title=f"RoPE cache bytes per GPU (ropelab fp32 half-table | HF-style {args.dtype} duplicated; x{args.gpus} GPUs)")
-    for col in ("preset", "fraction", "dims", "seq_len", "ropelab", "HF-style replicated", f"HF-style sharded /{args.gpus}"):
+    table = Table(title=f"RoPE cache bytes per GPU (ropelab fp32 half-table | HF-style {args.dtype} duplicated; x{args.gpus} GPUs), "
+                        f"the {args.dtype} KV cache of one sequence and a score bias per layer call")
+    for col in ("preset", "fraction", "position", "dims", "seq_len", "ropelab", "HF-style replicated",
+                f"HF-style sharded /{args.gpus}", "KV cache", "score bias / call"):
         table.add_column(col, justify="right")
     gib = lambda b: f"{b / 2**30:.3f} GiB"  # noqa: E731
     for r in rows:
         if r["seq_len"] in (2048, 131072, 1048576, 10_000_000):
-            table.add_row(r["preset"], str(r["fraction"]), str(r["rotary_dims"]), f"{r['seq_len']:,}", gib(r["ropelab_bytes_replicated"]),
-                          gib(r["duplicated_bytes_replicated"]), gib(r["duplicated_bytes_sharded"]))
+            table.add_row(r["preset"], str(r["fraction"]), r["position"], str(r["rotary_dims"]), f"{r['seq_len']:,}",
+                          gib(r["ropelab_bytes_replicated"]), gib(r["duplicated_bytes_replicated"]),
+                          gib(r["duplicated_bytes_sharded"]), gib(r["kv_cache_bytes"]), gib(r["score_bias_bytes"]))
     Console().print(table)
     print("cache: none holds 0 bytes at any length (cos/sin computed from positions on the fly)")
+    print(SCORE_BIAS_NOTE)
+    mixing = {(r["preset"], r["fraction"]): r["mixing_macs_per_token"] for r in rows if r["mixing_macs_per_token"]}
+    for (name, entry), macs in mixing.items():
+        print(f"  {name} {entry}: a learned rotation mixes its cos/sin on every call: {macs:,} multiply-adds per token "
+              "per layer")
     plans = [keep for keep in map(kept_pairs_of, fractions) if keep is not None]
     if plans:
         print("pairs:R is a plan keeping the same R pairs in every KV head: one (positions, R) table per distinct "
@@ -139,6 +154,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
                                              for keep in plans))
     if args.config:
         _print_layer_kinds(args.config, args.dtype)
+    if args.mla:
+        _print_mla(args, presets)
+    elif args.model:
+        raise ConfigError("--model: only with --mla (the model whose MLA cache to show)")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "memory.csv", "w", newline="") as f:
@@ -158,14 +177,45 @@ def _print_layer_kinds(path: str, dtype: str) -> None:
     from ropelab.study.memory import layer_kind_memory
 
     model = build_run_config(load_yaml(path)).model
-    table = Table(title=f"{path}: per layer kind, fp32 cos/sin tables and the {dtype} key/value cache of one sequence")
-    for col in ("seq_len", "kind", "layers", "attention", "rotary dims", "cos/sin tables", "KV cache"):
+    table = Table(title=f"{path}: per layer kind, fp32 cos/sin tables, the {dtype} key/value cache of one sequence "
+                        "and, per layer call, the score bias (SDPA), angles and mixing per token")
+    for col in ("seq_len", "kind", "layers", "position", "attention", "rotary dims", "cos/sin tables", "KV cache",
+                "score bias / call", "angles / token", "mixing / token"):
         table.add_column(col, justify="right")
     for seq_len in sorted({n for n in (2048, 131072) if n < model.max_seq_len} | {model.max_seq_len}):
         for r in layer_kind_memory(model, seq_len, dtype):
             window = "" if r["window"] is None else f" {r['window']:,}"
-            table.add_row(f"{seq_len:,}", r["kind"], ",".join(map(str, r["layers"])), r["attention"] + window,
-                          ",".join(map(str, r["rotary_dims"])), f"{r['rope_table_bytes']:,} B", f"{r['kv_cache_bytes']:,} B")
+            table.add_row(f"{seq_len:,}", r["kind"], ",".join(map(str, r["layers"])), r["position"],
+                          r["attention"] + window, ",".join(map(str, r["rotary_dims"])), f"{r['rope_table_bytes']:,} B",
+                          f"{r['kv_cache_bytes']:,} B", f"{r['score_bias_bytes']:,} B", f"{r['angles_per_token']:,}",
+                          f"{r['mixing_macs_per_token']:,}")
+    Console().print(table)
+    print(SCORE_BIAS_NOTE)
+
+
+def _print_mla(args: argparse.Namespace, presets: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ropelab.config import ModelConfig
+    from ropelab.mla.memory import SEQ_LENS, mla_cache_rows, parse_budgets
+    from ropelab.study.memory import DTYPE_BYTES
+
+    budgets = parse_budgets(args.mla)
+    models = [(name, ModelConfig.from_name(name)) for name in presets]
+    if args.model:
+        from ropelab.sources import load_config
+
+        models.append((args.model, load_config(args.model)[0].model))
+    table = Table(title=f"key/value cache, {args.dtype}: MHA/GQA against MLA (r RoPE pairs and a rank-d latent per KV head)")
+    for col in ("model", "cache", "values/token/layer", "bytes/token/layer", "bytes/token", "saved",
+                *(f"one sequence of {n:,}" for n in SEQ_LENS)):
+        table.add_column(col, justify="right")
+    for name, config in models:
+        for r in mla_cache_rows(config, name, budgets, DTYPE_BYTES[args.dtype]):
+            table.add_row(name, r["cache"], str(r["values_per_token_layer"]), f"{r['bytes_per_token_layer']:,}",
+                          f"{r['bytes_per_token']:,}", f"{r['saved']:.1%}",
+                          *(f"{r[f'bytes_at_{n}'] / 2**20:,.1f} MiB" for n in SEQ_LENS))
     Console().print(table)
 
 
@@ -231,7 +281,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 COMMANDS: list[Command] = [
     ("study", _add_study, cmd_study, "run a grid of training runs and report bands, spikes and losses"),
-    ("memory", _add_memory, cmd_memory, "RoPE cos/sin cache memory against sequence length per fraction (seed Fig. 1)"),
+    ("memory", _add_memory, cmd_memory, "position-encoding memory against sequence length: cos/sin tables per fraction (seed Fig. 1), KV cache and score bias per encoding"),
     ("rope-base", _add_rope_base, cmd_rope_base, "lower bound on the RoPE base for a context length per rotary dims (Men et al. 2024)"),
     ("report", _add_report, cmd_report, "rebuild a study's tables, plots and HTML report from its run directories"),
     ("fit", _add_fit, cmd_fit, "fit scaling laws to a frontier study: loss against tokens (and size), bootstrap intervals, held-out check"),

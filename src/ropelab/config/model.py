@@ -11,13 +11,14 @@ from ropelab.config.checks import FLOAT32_TINY, check_float, check_ints
 from ropelab.config.coerce import from_dict
 from ropelab.config.layout import LayerKind, check_pattern
 from ropelab.config.layout_presets import LAYOUT_PRESETS
+from ropelab.config.mla import MLAConfig
 from ropelab.config.position import Position, default_position, parse_position, rope_overlay
 from ropelab.config.rope import PLAN_KEYS, RopeConfig
 from ropelab.errors import ConfigError, quoted
 
 
 def _layer_index(key: object) -> Optional[int]:
-    """The layer a `model.rope_layers` key names: an int, or its decimal text as a dotted override writes it
+    """The layer a `model.rope_layers` (or `model.position_layers`) key names: an int, or its decimal text as a dotted override writes it
     (``model.rope_layers.3.fraction=0``); None for anything else (a bool, a float, ``"03"``)."""
     if isinstance(key, int) and not isinstance(key, bool):
         return key
@@ -68,6 +69,11 @@ class ModelConfig:
     # Position encodings (ropelab.config.position): e.g. [{type: rope, fraction: 0.25}, {type: alibi}];
     # None: model.rope alone. Its rotation entry's RoPE keys are laid over model.rope here.
     position: Optional[list] = None
+    # Per-layer lists in place of model.position and the layer kind's: {layer_index: [entries]}; e.g.
+    # {3: [{type: alibi}]}. A list's rotation entry gives the layer's RoPE keys (as model.rope_layers would).
+    position_layers: dict = field(default_factory=dict)
+    # Multi-head latent attention (ropelab.config.mla): None, or the latent's rank per KV head.
+    mla: Optional[MLAConfig] = None
 
     def __post_init__(self) -> None:
         if self.position is not None and isinstance(self.rope, RopeConfig):
@@ -90,11 +96,28 @@ class ModelConfig:
         kind = self.kind_for_layer(layer)
         return self.layer_kinds[kind] if kind is not None else LayerKind()
 
+    def layer_entry(self, table: str, layer: int):
+        """The layer's entry in `model.rope_layers` or `model.position_layers` (keyed by int or its text)."""
+        entries = getattr(self, table)
+        return entries.get(layer) or entries.get(str(layer))
+
+    def layer_position(self, layer: int) -> tuple[Optional[list], str]:
+        """The position list that applies to the layer in place of `model.position` (its own, else its kind's;
+        None: `model.position`) and the key it was set at."""
+        own = self.layer_entry("position_layers", layer)
+        if own is not None:
+            return own, f"model.position_layers.{layer}"
+        return self.layer_kind(layer).position, f"model.layer_kinds.{self.kind_for_layer(layer)}.position"
+
     def rope_for_layer(self, layer: int) -> RopeConfig:
-        """`model.rope`, then the layer kind's RoPE keys, then the layer's `model.rope_layers` entry."""
+        """`model.rope` (with `model.position`'s RoPE keys), then the layer kind's RoPE keys, then the
+        layer's `model.rope_layers` entry or the rotation entry of its `model.position_layers` list."""
         kind = self.kind_for_layer(layer)
+        own = self.layer_entry("position_layers", layer)
         overrides = [(f"model.layer_kinds.{kind}.rope", self.layer_kind(layer).rope_override()),
-                     (f"model.rope_layers.{layer}", self.rope_layers.get(layer) or self.rope_layers.get(str(layer)))]
+                     (f"model.rope_layers.{layer}", self.layer_entry("rope_layers", layer)),
+                     (f"model.position_layers.{layer}", None if own is None else
+                      rope_overlay(parse_position(own, f"model.position_layers.{layer}")))]
         rope = self.rope
         for key, override in overrides:
             if override:
@@ -102,12 +125,13 @@ class ModelConfig:
         return rope
 
     def positions_for_layer(self, layer: int) -> list[Position]:
-        """The layer's position encodings (`ropelab.config.position`), its rotation first: `model.position`
-        (or what `model.rope` alone spells), NoPE where the layer's RoPE rotates no channel."""
+        """The layer's position encodings (`ropelab.config.position`), its rotation first: its
+        `model.position_layers` list, else its kind's, else `model.position` (or what `model.rope` alone
+        spells); NoPE where the layer's RoPE rotates no channel."""
         rotary_dims = self.rope_for_layer(layer).resolve_dims(self.head_size)
-        kind = self.layer_kind(layer)
-        if kind.position is not None:
-            entries = parse_position(kind.position, f"model.layer_kinds.{self.kind_for_layer(layer)}.position")
+        own, key = self.layer_position(layer)
+        if own is not None:
+            entries = parse_position(own, key)
         elif self.position is not None:
             entries = parse_position(self.position)
         else:
@@ -131,20 +155,17 @@ class ModelConfig:
             check_pattern(self.layer_pattern, self.layer_kinds, self.n_layer)
             for name, kind in self.layer_kinds.items():
                 kind.validate(f"model.layer_kinds.{name}")
-        indices = {}
-        for layer, override in self.rope_layers.items():
-            index = _layer_index(layer)
-            if index is None or not 0 <= index < self.n_layer:
-                raise ConfigError(f"model.rope_layers.{quoted(layer)}: a layer index must be a whole number in "
-                                  f"[0, {self.n_layer}), e.g. model.rope_layers={{3: {{fraction: 0}}}}")
-            if index in indices:
-                raise ConfigError(f"model.rope_layers: layer {index} is given twice (as {quoted(indices[index])} "
-                                  f"and {quoted(layer)})")
-            indices[index] = layer
+        for index, override in self._layer_entries("rope_layers", "{3: {fraction: 0}}").items():
             if override is not None and not isinstance(override, dict):
                 raise ConfigError(f"model.rope_layers.{index}={quoted(override)}: must be a mapping of model.rope "
                                   "keys, e.g. {fraction: 0}")
+        for index, entries in self._layer_entries("position_layers", "{3: [{type: alibi}]}").items():
+            if self.layer_entry("rope_layers", index):
+                raise ConfigError(f"model.position_layers.{index}: set model.rope_layers.{index} or model.position_layers."
+                                  f"{index}, not both (the list's rotation entry takes the RoPE keys)")
+            parse_position(entries, f"model.position_layers.{index}")
         overridden = {int(layer) for layer, override in self.rope_layers.items() if override}
+        overridden |= {int(layer) for layer in self.position_layers}
         overridden |= {layer for layer in range(self.n_layer) if self.layer_kind(layer).rope_override()}
         layers = set(overridden)
         plain = next((i for i in range(self.n_layer) if i not in overridden), None)
@@ -159,6 +180,8 @@ class ModelConfig:
         lists = [parse_position(self.position)] if self.position is not None else []
         lists += [parse_position(kind.position, f"model.layer_kinds.{name}.position")
                   for name, kind in self.layer_kinds.items() if kind.position is not None]
+        lists += [parse_position(entries, f"model.position_layers.{layer}")
+                  for layer, entries in self.position_layers.items()]
         for entry in (entry for entries in lists for entry in entries):
             entry.spec.validate(entry.key, self.head_size, self.n_head)
         if lists:
@@ -177,6 +200,8 @@ class ModelConfig:
             if rotated:
                 raise ConfigError(f"{where}: only for NoPE layers (Llama 4 scales the queries of the layers without "
                                   f"rotation), but layer {layer} rotates {rotated} channels; set rope: none")
+        if self.mla is not None:
+            self.mla.validate(self)
 
     def check_windows(self, seq_len: int) -> None:
         """Each windowed layer kind's window fits the longest training window `seq_len` (data.seq_len, or
@@ -187,8 +212,24 @@ class ModelConfig:
                                   f"window data.seq_len={seq_len}; use a window of at most {seq_len} tokens or "
                                   "attention: full")
 
+    def _layer_entries(self, table: str, example: str) -> dict:
+        """`model.rope_layers` or `model.position_layers` by layer index: whole numbers in range, each once."""
+        keys, entries = {}, {}
+        for layer, value in getattr(self, table).items():
+            index = _layer_index(layer)
+            if index is None or not 0 <= index < self.n_layer:
+                raise ConfigError(f"model.{table}.{quoted(layer)}: a layer index must be a whole number in "
+                                  f"[0, {self.n_layer}), e.g. model.{table}={example}")
+            if index in keys:
+                raise ConfigError(f"model.{table}: layer {index} is given twice (as {quoted(keys[index])} "
+                                  f"and {quoted(layer)})")
+            keys[index], entries[index] = layer, value
+        return entries
+
     def _rope_key(self, layer: int) -> str:
-        if self.rope_layers.get(layer) or self.rope_layers.get(str(layer)):
+        if self.layer_entry("position_layers", layer) is not None:
+            return f"model.position_layers.{layer}"
+        if self.layer_entry("rope_layers", layer):
             return f"model.rope_layers.{layer}"
         return f"model.layer_kinds.{self.kind_for_layer(layer)}.rope"
 

@@ -14,7 +14,8 @@ At most one entry transforms queries and keys (`channel` "rotation": rope, nope,
 are laid over `model.rope` (a list without one is NoPE), so `model.rope`, `model.rope_layers` and
 `model.layer_kinds.*.rope` keep working: they spell a one-element list ([{type: rope, ...}], or
 [{type: nope}] where no channel rotates), and they still override the rotation per kind and per layer.
-The other entries (`channel` "score_bias") apply to every layer.
+A layer kind (`model.layer_kinds.<kind>.position`) or a single layer (`model.position_layers`, keyed
+by layer index as `model.rope_layers` is) may replace the whole list (`ModelConfig.positions_for_layer`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,31 @@ from ropelab.config.rope import RopeConfig
 from ropelab.errors import ConfigError
 
 CHANNELS = ("rotation", "score_bias", "attention")
+CACHED_TENSORS = ("keys", "values")
 NOPE_KEYS = {"fraction": 0.0, "rotary_dims": None, "scaling": None}  # the RoPE keys of a layer rotating nothing
+
+
+@dataclass(frozen=True)
+class KVState:
+    """What a KV cache must hold per token and layer for a method: `tensors`, each a vector of head_dim
+    numbers per KV head (keys, values); `rotated_keys`: the keys are held after the method's q/k
+    transform (so a decode never transforms them again); `extra_per_head`: further numbers per token and
+    KV head (a method carrying per-token state; none registered yet). In the cache's dtype."""
+
+    tensors: tuple[str, ...] = CACHED_TENSORS
+    rotated_keys: bool = False
+    extra_per_head: int = 0
+
+    def numbers_per_token(self, kv_heads: int, head_dim: int) -> int:
+        return kv_heads * (len(self.tensors) * head_dim + self.extra_per_head)
+
+
+def layer_kv_state(entries: list["Position"]) -> KVState:
+    """What a KV cache holds for a layer with these entries: the union of their tensors, their extra state
+    summed, keys rotated where any entry rotates them."""
+    states = [entry.type.kv_cache for entry in entries]
+    tensors = tuple(name for name in CACHED_TENSORS if any(name in state.tensors for state in states))
+    return KVState(tensors, any(state.rotated_keys for state in states), sum(state.extra_per_head for state in states))
 
 
 @dataclass(frozen=True)
@@ -37,11 +62,13 @@ class PositionType:
     """One registered method: its keys and what it declares about itself.
 
     `channel`: how it enters attention: ``rotation`` (a transform of q and k before the scores),
-    ``score_bias`` (a term added to the scores, from query and key token indices) or ``attention``
+    ``score_bias`` (a term added to the scores, from the distance of query and key token indices) or ``attention``
     (it replaces attention itself). `rope_keys`: the entry also takes `model.rope` keys (its rotation).
     `learned`: it has trained parameters (then one module per layer, no weight decay, gradients on
     every path). `fast_kernels`: its transform is cos/sin of position x frequency, so the C, Triton
-    and in-place rotations apply. `kv_cache`: what a KV cache holds for it. `extrapolation`: None
+    and in-place rotations apply. `kv_cache`: what a KV cache holds for it (`KVState`; the memory
+    calculator counts its bytes). `excludes`: the channels and types it cannot share a list with
+    (`parse_position` refuses the pair in one line). `extrapolation`: None
     where RoPE scaling (linear, NTK, YaRN, ...) applies to it, else why `eval extrapolation` refuses.
     `hf_native`: an HF class may compute it (export still checks the round trip). `any_length`: it is
     meant to run past the model's max_seq_len as it is (long-context evaluation lets it)."""
@@ -54,7 +81,8 @@ class PositionType:
     rope_keys: bool = False
     learned: bool = False
     fast_kernels: bool = False
-    kv_cache: str = "keys and values after the q/k transform"
+    kv_cache: KVState = KVState()
+    excludes: tuple[str, ...] = ()
     extrapolation: Optional[str] = None
     hf_native: bool = False
     any_length: bool = False
@@ -107,16 +135,17 @@ class FopeSpec:
         check_float(f"{key}.coefficient_std", self.coefficient_std, "[0, 1]")
 
 
+ROTATED = KVState(rotated_keys=True)
 register_position(PositionType("rope", "RoPE", NoKeys, "rotation", "rotary position embedding (model.rope keys)",
-                               rope_keys=True, fast_kernels=True, hf_native=True))
+                               rope_keys=True, fast_kernels=True, hf_native=True, kv_cache=ROTATED))
 register_position(PositionType("nope", "NoPE", NoKeys, "rotation", "no position encoding: nothing rotates",
                                hf_native=True, extrapolation="a NoPE layer has no frequency to scale"))
 register_position(PositionType("fope", "FoPE", FopeSpec, "rotation", "Fourier position embedding (RoPE keys too)",
-                               rope_keys=True, learned=True, extrapolation=(
+                               rope_keys=True, learned=True, kv_cache=ROTATED, extrapolation=(
                                    "FoPE clips frequencies at its trained length and mixes them by learned "
                                    "coefficients; RoPE scaling would move what it clips")))
 register_position(PositionType("alibi", "ALiBi", AlibiSpec, "score_bias", "attention with linear biases",
-                               kv_cache="keys and values only (the bias comes from token indices)", any_length=True,
+                               any_length=True,  # plain keys and values: the bias comes from token indices
                                extrapolation="ALiBi has no frequency to scale; it runs at any length as it is"))
 
 
@@ -157,9 +186,20 @@ def parse_position(entries: object, key: str = "model.position") -> list[Positio
                               f"{', '.join(allowed) or 'none'}")
         spec = from_dict(kind.spec, {k: v for k, v in keys.items() if k in own}, where)
         parsed.append(Position(kind, spec, NOPE_KEYS if name == "nope" else rope, where))
+    check_exclusions(parsed)
     if "rotation" not in seen:
         parsed.insert(0, Position(POSITION_TYPES["nope"], NoKeys(), NOPE_KEYS, key))
     return sorted(parsed, key=lambda entry: entry.type.channel != "rotation")  # the rotation first, else in order
+
+
+def check_exclusions(entries: list[Position]) -> None:
+    """A one-line ConfigError naming both entries where one's type `excludes` the other's type or channel."""
+    for first in entries:
+        for second in entries:
+            barred = {second.type.name, second.type.channel} & set(first.type.excludes)
+            if first is not second and barred:
+                raise ConfigError(f"{second.key} ({second.type.name}): cannot share a list with {first.key} "
+                                  f"({first.type.name}), which excludes {barred.pop()}")
 
 
 def rope_overlay(entries: list[Position]) -> dict:
@@ -177,5 +217,6 @@ def default_position(rotary_dims: int) -> list[Position]:
     return [Position(POSITION_TYPES[name], NoKeys(), {} if rotary_dims else NOPE_KEYS)]
 
 
-__all__ = ["CHANNELS", "NOPE_KEYS", "POSITION_TYPES", "AlibiSpec", "FopeSpec", "NoKeys", "Position", "PositionType",
-           "default_position", "parse_position", "register_position", "rope_overlay"]
+__all__ = ["CACHED_TENSORS", "CHANNELS", "NOPE_KEYS", "POSITION_TYPES", "AlibiSpec", "FopeSpec", "KVState", "NoKeys",
+           "Position", "PositionType", "check_exclusions", "default_position", "layer_kv_state", "parse_position",
+           "register_position", "rope_overlay"]

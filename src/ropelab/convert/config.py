@@ -9,6 +9,7 @@ from typing import Optional
 
 from ropelab.config import ConfigError, LayerKind, from_dict, parse_override, set_dotted
 from ropelab.config.checks import SEED_MAX, TOKENS_MAX, check_ints
+from ropelab.config.mla import INITS as MLA_INITS
 from ropelab.rope.pairs import STRATEGIES
 
 
@@ -60,11 +61,21 @@ class HeldOutConfig:
 
 
 @dataclass
+class LatentConfig:
+    """Multi-head latent attention after the plan (`ropelab.mla`): `rank` (d) latent values per KV head, None
+    for none; `init` svd-joint (MHA2MLA's) or svd-split (`ropelab.mla.convert`)."""
+
+    rank: Optional[int] = None
+    init: str = "svd-joint"
+
+
+@dataclass
 class ConvertConfig:
     rope: PlanConfig = field(default_factory=PlanConfig)
     model: LayoutConfig = field(default_factory=LayoutConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+    mla: LatentConfig = field(default_factory=LatentConfig)
 
     def validate(self, head_dim: int) -> None:
         n_pairs = head_dim // 2
@@ -83,6 +94,8 @@ class ConvertConfig:
         elif isinstance(plan.keep_pairs, bool) or not 0 <= plan.keep_pairs <= n_pairs:
             raise ConfigError(f"rope.keep_pairs={plan.keep_pairs}: must be an integer in 0..{n_pairs} "
                               f"(head_dim {head_dim} has {n_pairs} pairs)")
+        if self.mla.init not in MLA_INITS:
+            raise ConfigError(f"mla.init={self.mla.init!r}: unknown; choose one of {', '.join(MLA_INITS)}")
         for name, section in (("calibration", self.calibration), ("eval", self.eval)):
             check_ints(name, section, ("tokens",), high=TOKENS_MAX)
             check_ints(name, section, ("seq_len", "micro_batch") if section is self.eval else ("seq_len",))
@@ -98,4 +111,4 @@ def convert_config(tree: Optional[dict] = None, overrides=()) -> ConvertConfig:
     return from_dict(ConvertConfig, tree)
 
 
-__all__ = ["ConvertConfig", "PlanConfig", "LayoutConfig", "CalibrationConfig", "HeldOutConfig", "convert_config"]
+__all__ = ["ConvertConfig", "LatentConfig", "PlanConfig", "LayoutConfig", "CalibrationConfig", "HeldOutConfig", "convert_config"]

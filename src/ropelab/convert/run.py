@@ -28,6 +28,9 @@ from ropelab.data.loader import PackedLoader
 from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import HFTokenizer
 from ropelab.files import refuse_existing
+from ropelab.config.mla import MLAConfig
+from ropelab.mla.attention import latent_cache_values
+from ropelab.mla.convert import latent_model
 from ropelab.model import Transformer
 from ropelab.sources.calibrate import calibration_batches, held_out_check, two_norm_scores
 from ropelab.sources.imported import write_imported
@@ -103,6 +106,9 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
     target = with_layout(model_config, settings.model)
     if plan.keep_pairs is not None or plan.select == "list":
         target = target_config(target, plan.keep_pairs or 0, plan.select, plan.pairs)
+    latent = settings.mla
+    if latent.rank is not None:  # the rank against every layer's rotated channels, before anything is loaded
+        dataclasses.replace(target, mla=MLAConfig(rank=latent.rank)).validate()
     loaded = load(found)
     scores = None
     if needs_scores(target):
@@ -113,6 +119,10 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
     per_kind = {} if new_config.layer_pattern is None else {"keep_pairs_per_kind": {
         new_config.kind_for_layer(layer): len(plans[layer][0]) for layer in range(len(new_config.layer_pattern))}}
     converted = apply_plan(loaded.model, new_config, plans).eval()
+    if latent.rank is not None:
+        converted = latent_model(converted, latent.rank, latent.init).eval()
+        log(f"latent of rank {latent.rank} per KV head ({latent.init}): the cache holds "
+            f"{latent_cache_values(converted)} of {latent_cache_values(loaded.model)} values per token")
     kinds = "".join(f", {kind}: {pairs}" for kind, pairs in per_kind.get("keep_pairs_per_kind", {}).items())
     log(f"kept {keep} of {model_config.head_size // 2} pairs per KV head ({plan.select}{kinds}); checking on "
         f"{settings.eval.tokens:,} held-out tokens")
@@ -123,13 +133,16 @@ def convert_model(source: str, out_dir: str | Path, overrides=(), tree: Optional
         "settings": dataclasses.asdict(settings), "keep_pairs": keep, "select": plan.select, **per_kind,
         "pairs": plans, "scores": None if scores is None else [s.tolist() for s in scores],
         **check, **savings(loaded.model, converted),
+        "cache_values_per_token": latent_cache_values(converted),
+        "cache_values_per_token_source": latent_cache_values(loaded.model),
         "seconds": round(time.perf_counter() - started, 1),
     }
     tokenizer = loaded.tokenizer if isinstance(loaded.tokenizer, HFTokenizer) else None
     files = {RECORD: json.dumps(record, indent=1).encode(),
              HEATMAP: pairs_heatmap(plans, model_config.head_size // 2, f"{source}: {plan.select}, r = {keep}")}
     write_imported(converted, out, loaded.config.data.tokenizer, {"source": source, "kind": found.kind,
-                   "converted": {"select": plan.select, "keep_pairs": keep}}, tokenizer, files)
+                   "converted": {"select": plan.select, "keep_pairs": keep,
+                                                                    "mla": dataclasses.asdict(latent)}}, tokenizer, files)
     log(f"loss {check['loss_source']:.4f} -> {check['loss_converted']:.4f} nats/token, KL to source "
         f"{check['kl_to_source']:.4f}; RoPE work -{record['rope_compute_saved']:.1%}, cos/sin cache at "
         f"{record['cache_seq_len']:,} tokens {record['cache_bytes_source']:,} -> {record['cache_bytes']:,} bytes")

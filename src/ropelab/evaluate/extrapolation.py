@@ -127,7 +127,8 @@ def scaling_refusal(model_config: ModelConfig) -> Optional[str]:
     """Why no scaling method changes the model, naming its position encoding; None where one does."""
     if rotates(model_config):
         return None
-    named = [position.type for position in model_config.positions_for_layer(0)]
+    named = list({position.type.name: position.type for layer in range(model_config.n_layer)
+                  for position in model_config.positions_for_layer(layer)}.values())  # every layer's, once
     named = [kind for kind in named if kind.name != "nope"] or named  # ALiBi's layers rotate nothing: name ALiBi
     return (f"{' + '.join(kind.label for kind in named)}: every method is the model itself; "
             + "; ".join(kind.extrapolation for kind in named if kind.extrapolation))
@@ -135,21 +136,43 @@ def scaling_refusal(model_config: ModelConfig) -> Optional[str]:
 
 def scaled_config(model_config: ModelConfig, scaling: RopeScalingConfig, where: str) -> ModelConfig:
     """A copy of `model_config` whose rotating layers all use `scaling`, checked on each layer's own
-    spectrum (ConfigError naming `where` and the key); NoPE layers keep none (`Transformer.set_rope_scaling`)."""
+    spectrum (ConfigError naming `where` and the key); NoPE layers keep none (`Transformer.set_rope_scaling`),
+    and so do layers whose rotation declares a refusal (`keep_unscaled`)."""
     config = copy.deepcopy(model_config)
     config.rope.scaling = scaling
     kinds = [kind.rope for kind in config.layer_kinds.values() if isinstance(kind.rope, dict)]
-    for override in [*config.rope_layers.values(), *kinds]:
+    lists = [config.position or [], *(kind.position or [] for kind in config.layer_kinds.values()),
+             *config.position_layers.values()]
+    for override in [*config.rope_layers.values(), *kinds, *(entry for entries in lists for entry in entries)]:
         if "scaling" in override:
             override["scaling"] = dataclasses.asdict(scaling)
     for layer in range(config.n_layer):
-        rope = config.rope_for_layer(layer)
-        if rope.resolve_dims(config.head_size):
-            try:
+        refused = config.positions_for_layer(layer)[0].type.extrapolation is not None
+        if refused and config.rope_for_layer(layer).resolve_dims(config.head_size):
+            keep_unscaled(config, layer)
+    try:
+        for layer in range(config.n_layer):
+            rope = config.rope_for_layer(layer)
+            if rope.resolve_dims(config.head_size):
                 rope.validate(config.head_size)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+        if config.mla is not None:  # a latent cache takes static scalings only (`ropelab.config.mla`)
+            config.mla.validate(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return config
+
+
+def keep_unscaled(config: ModelConfig, layer: int) -> None:
+    """No RoPE scaling on `layer`, whose rotation declares it takes none (FoPE in a layer's or a kind's own
+    list while other layers rotate), set where the layer's RoPE keys are spelled: its own position list's
+    rotation entry, else its `model.rope_layers` entry."""
+    own = config.layer_entry("position_layers", layer)
+    if own is not None:
+        entry = next(entry for entry in own if entry["type"] == config.positions_for_layer(layer)[0].type.name)
+        entry["scaling"] = None
+        return
+    key = next((key for key in (layer, str(layer)) if key in config.rope_layers), layer)
+    config.rope_layers[key] = dict(config.rope_layers.get(key) or {}) | {"scaling": None}
 
 
 @dataclass

@@ -113,13 +113,19 @@ def save_hf(model: Transformer, out_dir: str | Path, token_ids: dict | None = No
     return info | {"files": files} | ({} if why is None else {"why": why})
 
 
-def export_hf(source: str | Path, out_dir: str | Path) -> dict:
+def export_hf(source: str | Path, out_dir: str | Path, layout: str = "ropelab") -> dict:
     """Write the model of `source` (a run, checkpoint or imported folder, see `ropelab.sources`) as a
     Hugging Face model folder `out_dir` (see `save_hf`).
 
     Returns a summary: out_dir, route ("native" | "remote_code"), architecture (HF class), checkpoint,
     step, files, tokenizer (which was saved), and why (no native class) for remote code.
-    Raises ConfigError for a non-empty `out_dir`, before loading anything."""
+    `layout` ``ropelab`` is the only one built: DeepSeek-V3's (one RoPE key shared by all heads, which an MLA
+    model converted here would reach only through TransMLA's rotation of its kept pairs) is refused.
+    Raises ConfigError for a non-empty `out_dir` or another layout, before loading anything."""
+    if layout != "ropelab":
+        raise ConfigError(f"--layout {layout}: not built; only ropelab (the native class, or ropelab's own code: an "
+                          "MLA model's per-KV-head RoPE pairs and latent as they are). DeepSeek-V3's layout shares one "
+                          "RoPE key over all heads, which needs TransMLA's rotation")
     out = refuse_existing(out_dir)
     require_transformers("Hugging Face export")
     found = resolve(source)

@@ -68,6 +68,7 @@ from pathlib import Path
 import torch
 
 from ropelab import __version__
+from ropelab.config import ConfigError, ModelConfig
 from ropelab.model import Transformer
 
 MODELING = "modeling_ropelab"
@@ -326,10 +327,23 @@ def _modeling_module():
     return module
 
 
+def check_shipped_positions(config: ModelConfig) -> None:
+    """ConfigError (one line) where a layer uses a position type registered outside ropelab: the shipped
+    modeling code carries ropelab's own registry, in which that type does not exist."""
+    for layer in range(config.n_layer):
+        for entry in config.positions_for_layer(layer):
+            origin = entry.type.spec.__module__
+            if not origin.startswith("ropelab."):
+                raise ConfigError(f"{entry.key}: position type {entry.type.name!r} (layer {layer}) is registered in "
+                                  f"{origin}, outside ropelab; the exported modeling code knows ropelab's own types "
+                                  "only, so this model cannot be exported")
+
+
 def to_remote_hf(model: Transformer):
     """RopelabForCausalLM (the shipped code) holding `model`'s parameters, shared not copied; eval mode.
     Its config carries `auto_map`, so `save_pretrained` writes a config.json that AutoConfig and
     AutoModelForCausalLM resolve to the modules `write_remote_code` puts beside it."""
+    check_shipped_positions(model.config)
     module = _modeling_module()
     config = module.RopelabConfig(ropelab=dataclasses.asdict(model.config), auto_map=dict(AUTO_MAP))
     with torch.device("meta"):  # no allocation or random init: the tensors come from `model`
@@ -338,4 +352,4 @@ def to_remote_hf(model: Transformer):
     return hf_model.eval()
 
 
-__all__ = ["AUTO_MAP", "MODELING", "files_for_export", "shipped_modules", "write_remote_code", "to_remote_hf"]
+__all__ = ["AUTO_MAP", "MODELING", "check_shipped_positions", "files_for_export", "shipped_modules", "write_remote_code", "to_remote_hf"]

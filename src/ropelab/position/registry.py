@@ -20,6 +20,7 @@ ROTATIONS = {
     "fope": FourierEmbedding,
 }
 SCORE_BIASES = {"alibi": Alibi}
+ATTENTIONS: dict[str, type[nn.Module]] = {}  # none shipped; tests/position registers one
 
 
 def rotation_setting(config: ModelConfig, layer: int) -> tuple[str, RopeConfig, Position]:
@@ -49,5 +50,5 @@ def position_parameters(model: nn.Module) -> set[int]:
             POSITION_TYPES[module.position_type].learned for p in module.parameters()}
 
 
-__all__ = ["ROTATIONS", "SCORE_BIASES", "build_rotation", "position_parameters", "rebuild_after_meta",
+__all__ = ["ATTENTIONS", "ROTATIONS", "SCORE_BIASES", "build_rotation", "position_parameters", "rebuild_after_meta",
            "rotation_setting"]

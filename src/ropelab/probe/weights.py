@@ -23,10 +23,19 @@ from typing import Optional
 import torch
 
 from ropelab.config import ConfigError
+from ropelab.mla.attention import LatentAttention
 from ropelab.model import Transformer
 from ropelab.probe.channels import LayerRope, layer_rope, pair_channels
 
 PROJECTIONS = {"q": "q_proj", "k": "k_proj"}
+
+
+def projection_weight(attention: torch.nn.Module, name: str) -> torch.Tensor:
+    """The (heads * head_dim, d_model) weight of `name` (q_proj, k_proj); an MLA layer's keys: what its
+    latent stands for (`LatentAttention.key_weight`)."""
+    if name == "k_proj" and isinstance(attention, LatentAttention):
+        return attention.key_weight()
+    return getattr(attention, name).weight
 
 
 def _ratio(delta_sq: torch.Tensor, base_sq: torch.Tensor) -> torch.Tensor:
@@ -184,8 +193,7 @@ def weight_changes(a: Transformer, b: Transformer, top: int = 10) -> dict:
                                            for g in range(len(plan.kept))]}
         for proj, attr in PROJECTIONS.items():
             heads = config.n_head if proj == "q" else config.kv_heads
-            w_a = getattr(a.blocks[layer].attn, attr).weight.detach()
-            w_b = getattr(b.blocks[layer].attn, attr).weight.detach()
+            w_a, w_b = (projection_weight(model.blocks[layer].attn, attr).detach() for model in (a, b))
             if plan is None:
                 changes = projection_changes(w_a, w_b, heads, rope)
                 spans += _channel_spans(layer, proj, heads, rope, changes)

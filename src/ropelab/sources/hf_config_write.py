@@ -65,6 +65,9 @@ def hf_architecture(config: ModelConfig) -> str:
         why.append(f"n_kv_head={config.kv_heads}: GPT-NeoX has no grouped-query attention")
     if (arch.fused_qkv or not arch.head_dim_field) and config.head_size * config.n_head != config.d_model:
         why.append(f"head_dim={config.head_size}: {arch.model_class} needs head_dim = d_model / n_head")
+    if config.mla is not None:
+        why.append(f"model.mla (rank {config.mla.rank}): no transformers class caches a latent per KV head beside "
+                   "its kept RoPE pairs")
     why += _rope_obstacles(config, arch) + _layout_obstacles(config, arch)
     if why:
         raise ValueError(f"cannot export {config.name!r} as {arch.model_class}: " + "; ".join(why))
@@ -78,8 +81,8 @@ def _rope_obstacles(config: ModelConfig, arch: Arch) -> list[str]:
         why.append(f"NoPE layers {nope} among RoPE layers: {arch.model_class} rotates every layer "
                    "(SmolLM3ForCausalLM has NoPE layers, without QK-norm)")
     if any(other != rope for other in others):
-        why.append("model.rope_layers or model.layer_kinds give layers different RoPE settings; HF classes give "
-                   "their RoPE layers one")
+        why.append("model.rope_layers, model.position_layers or model.layer_kinds give layers different RoPE settings; "
+                   "HF classes give their RoPE layers one")
     rotary_dims = rope.resolve_dims(D)
     if rotary_dims and rope.layout != "half":
         why.append(f"rope.layout={rope.layout}: HF classes rotate with rotate_half (layout=half)")

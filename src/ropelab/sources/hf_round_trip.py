@@ -34,7 +34,8 @@ ALLOWED = {
     "rope.scaling.original_max_position of linear": "linear interpolation divides by its factor alone",
 }
 # how a model is spelled rather than what it computes: replaced by each layer's resolved settings
-_SPELLINGS = ("rope", "rope_layers", "layer_pattern", "layer_kinds", "position", "n_kv_head", "head_dim")
+_SPELLINGS = ("rope", "rope_layers", "layer_pattern", "layer_kinds", "position", "position_layers", "n_kv_head",
+              "head_dim")
 # RoPE settings that mean nothing on a layer rotating no channel
 _ROTATION_ONLY = ("theta", "style", "layout", "scaling", "keep_pairs", "select", "pairs")
 

@@ -14,7 +14,8 @@ Settings that do not change a weight's shape may differ from the source: RoPE th
 style and per-layer settings, attention backend, and everything outside `model`; with
 `train.init_layers`, the number of layers (the run keeps those source layers, in that order). A selected-pair
 plan (`model.rope.keep_pairs` / `select` / `pairs`) on a full-RoPE source converts its weights
-(`initial_weights`, `ropelab.sources.plans`). A resumed run
+(`initial_weights`, `ropelab.sources.plans`), and `model.mla` on a source without it draws the latent
+from its keys and values (`ropelab.mla.convert`, joint SVD). A resumed run
 reads its own checkpoints; `init_from` only seeds step 0.
 """
 
@@ -28,12 +29,14 @@ from typing import Optional
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
 from ropelab.data.loader import PackedLoader
 from ropelab.data.tokenizer import load_tokenizer
+from ropelab.mla.convert import latent_model
 from ropelab.model import Transformer
 from ropelab.sources.calibrate import calibration_batches, held_out_check, two_norm_scores
 from ropelab.sources.loading import load, load_config
 from ropelab.sources.locate import resolve
 from ropelab.sources.plans import apply_plan, check_source, needs_scores, resolve_plans
-from ropelab.sources.runs import is_run_dir, read_run_config
+from ropelab.sources.runs import checkpoint_config, is_run_dir, read_run_config
+from ropelab.train.checkpoint import latest_checkpoint, step_dir
 
 # RopeConfig fields that say which channels rotate: a run that sets one replaces the source's choice
 CHANNEL_KEYS = ("fraction", "rotary_dims", *PLAN_KEYS)
@@ -52,12 +55,25 @@ def _train_setting(base: dict | None, overrides, name: str):
     return value
 
 
-def _parent_config(branch_from) -> Optional[RunConfig]:
-    """The config.yaml of the run `train.branch_from` names (the run, or one of its checkpoints), or None
-    when it names none (`ropelab.train.branch` says what is wrong with it)."""
+def _parent_config(branch_from, branch_step) -> Optional[RunConfig]:
+    """The configuration the branch's parent held at the checkpoint `train.branch_from` (and
+    `train.branch_step`) name: for a multi-phase parent, that phase's, as `ropelab.train.branch` checks
+    it. The run's config.yaml where the checkpoint is not there yet; None where no run is named
+    (`ropelab.train.branch` says what is wrong)."""
     source = Path(str(branch_from))
     run = source if is_run_dir(source) else source.parent.parent
-    return read_run_config(run) if is_run_dir(run) else None
+    if not is_run_dir(run):
+        return None
+    if source != run:
+        folder = source
+    elif isinstance(branch_step, int):
+        folder = step_dir(run, branch_step)
+    else:  # the newest one, or a train.branch_step the config check refuses
+        folder = latest_checkpoint(run) if branch_step is None else None
+    try:
+        return checkpoint_config(folder)[0] if folder is not None and folder.is_dir() else read_run_config(run)
+    except ConfigError:
+        return read_run_config(run)
 
 
 def run_config(base: dict | None = None, preset: str | None = None, overrides=()) -> RunConfig:
@@ -69,7 +85,7 @@ def run_config(base: dict | None = None, preset: str | None = None, overrides=()
     tree = copy.deepcopy(base) if base else {}
     if (name is None and branch_from is None) or preset or tree.get("preset") or (tree.get("model") or {}).get("preset"):
         return build_run_config(tree, preset, overrides)
-    source_config = load_config(str(name))[0] if name is not None else _parent_config(branch_from)
+    source_config = load_config(str(name))[0] if name is not None else _parent_config(branch_from, _train_setting(base, overrides, "branch_step"))
     if source_config is None:
         return build_run_config(tree, preset, overrides)
     model = dataclasses.asdict(source_config.model)
@@ -115,7 +131,7 @@ def check_layers(config: RunConfig, source: ModelConfig, key: str) -> None:
     if len(layers) != config.model.n_layer:
         raise ConfigError(f"train.init_layers: {len(layers)} layers but model.n_layer={config.model.n_layer}; "
                           "give one source layer per layer of the run")
-    if source.rope_layers or source.layer_pattern:
+    if source.rope_layers or source.position_layers or source.layer_pattern:
         raise ConfigError(f"train.init_layers: the source ({key}) sets RoPE or attention per layer; keeping some of "
                           "its layers is supported only for a source whose layers are all alike")
 
@@ -131,6 +147,10 @@ def check_same_weights(config: RunConfig, source_config: RunConfig, key: str) ->
         if ours != getattr(theirs, field):
             raise ConfigError(f"{key}: model.{field}={ours!r} but the source has {getattr(theirs, field)!r}; "
                               "settings that change weight shapes must match the source")
+    if theirs.mla is not None and mine.mla != theirs.mla:
+        rank = None if mine.mla is None else mine.mla.rank
+        raise ConfigError(f"{key}: model.mla.rank={rank} but the source is an MLA model of rank {theirs.mla.rank}; "
+                          "a run from it keeps its latent's rank")
     d, s = config.data, source_config.data
     run_tokenizer = load_tokenizer(d.tokenizer, d.corpus, d.val_percent)
     source_tokenizer = load_tokenizer(s.tokenizer, s.corpus, s.val_percent)
@@ -153,14 +173,16 @@ def keep_layers(state: dict, layers: list[int]) -> dict:
 
 
 def converts(config: RunConfig, source: ModelConfig) -> bool:
-    """Whether starting `config` from `source` converts RoPE: the run asks for a selected-pair plan
-    (`ropelab.sources.plans`) or for NoPE in a layer where the source has neither."""
+    """Whether starting `config` from `source` converts it: the run asks for a selected-pair plan
+    (`ropelab.sources.plans`), for NoPE in a layer where the source has neither, or for an MLA latent
+    (`model.mla`) that the source does not hold."""
     def converted(layer: int) -> bool:
         mine, theirs = config.model.rope_for_layer(layer), source.rope_for_layer(layer)
         nope = mine.resolve_dims(config.model.head_size) == 0 < theirs.resolve_dims(source.head_size)
         return (mine.has_plan and not theirs.has_plan) or nope
 
-    return any(converted(layer) for layer in range(config.model.n_layer))
+    latent = config.model.mla is not None and source.mla is None  # MLA from whole keys and values
+    return latent or any(converted(layer) for layer in range(config.model.n_layer))
 
 
 def plan_label(config: ModelConfig) -> dict:
@@ -205,7 +227,10 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
         batches = calibration_batches(train_loader, config.train.calibration_tokens, config.train.micro_batch)
         scores = two_norm_scores(model, batches)
     plans, config.model = resolve_plans(config.model, scores)
-    converted = apply_plan(model, config.model, plans).eval()
+    converted = apply_plan(model, dataclasses.replace(config.model, mla=None), plans).eval()
+    if config.model.mla is not None:  # MHA2MLA's joint SVD (`ropelab convert` also offers svd-split)
+        converted = latent_model(converted, config.model.mla.rank).eval()
+        label["mla_rank"] = config.model.mla.rank
     windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
     check = held_out_check(model, converted, val_loader.sequential(windows, config.train.micro_batch))
     record["conversion"] = {**label, "pairs": plans, **check}

@@ -33,7 +33,10 @@ Plans = list[list[list[int]]]
 
 def check_source(config: ModelConfig, name: str) -> None:
     """A plan selects pairs of the full-head spectrum: every layer of the source must rotate all of its
-    head's channels, without a plan of its own."""
+    head's channels, without a plan of its own, and hold whole keys and values (no `model.mla` latent)."""
+    if config.mla is not None:
+        raise ConfigError(f"{name}: already an MLA model (model.mla.rank={config.mla.rank}); a RoPE plan and the "
+                          "latent are made from a model with full RoPE and whole keys and values")
     for layer in range(config.n_layer):
         rotation = config.positions_for_layer(layer)[0].type
         if rotation.rope_keys and not rotation.fast_kernels:  # declared: not plain cos/sin of position x frequency
@@ -86,6 +89,13 @@ def target_config(config: ModelConfig, keep: int, select: str, explicit: Optiona
 
 
 def _set_layer_pairs(config: ModelConfig, layer: int, pairs: list) -> None:
+    """The pairs chosen for `layer`, where its RoPE keys are spelled: its own position list's rotation entry
+    (`model.position_layers`), else its `model.rope_layers` entry."""
+    entries = config.layer_entry("position_layers", layer)
+    if entries is not None:
+        rotation = config.positions_for_layer(layer)[0].type.name
+        next(entry for entry in entries if entry["type"] == rotation)["pairs"] = pairs
+        return
     own = config.rope_layers.pop(layer, None) or config.rope_layers.pop(str(layer), None) or {}
     config.rope_layers[layer] = {**own, "pairs": pairs}
 

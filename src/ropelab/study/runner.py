@@ -32,7 +32,7 @@ from typing import Optional
 
 import yaml
 
-from ropelab.config import ConfigError
+from ropelab.config import ConfigError, build_run_config
 from ropelab.files import refuse_links_out, write_atomically
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
@@ -67,11 +67,22 @@ def record_study(study_dir: Path, study: StudyConfig, runs: list[PlannedRun]) ->
     path = study_dir / "study.yaml"
     if path.exists():
         old = read_study_record(study_dir).get("runs", {})
-        if set(old) != set(record["runs"]) or any(old[k] != record["runs"][k] for k in old):
+        if set(old) != set(record["runs"]) or any(not _same_config(old[k], record["runs"][k]) for k in old):
             raise ConfigError(f"{study_dir}: holds runs from a different grid ({path.name} differs); choose another --out")
         return
     study_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(path, yaml.safe_dump(record, sort_keys=False))
+
+
+def _same_config(recorded, config: dict) -> bool:
+    """Whether a run recorded in study.yaml is `config`: equal as read back by today's config, so that a
+    study written before a key was added (its default then implied) goes on."""
+    if recorded == config:
+        return True
+    try:
+        return isinstance(recorded, dict) and build_run_config(recorded).to_dict() == config
+    except ConfigError:
+        return False
 
 
 def initial_status(directory: Path) -> str:

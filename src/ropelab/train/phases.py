@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, set_dotted
+from ropelab.config.position import POSITION_TYPES
 from ropelab.rope import layer_frequencies
 from ropelab.rope.bound import first_negative_of
 
@@ -44,7 +46,8 @@ def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
     for i, spec in enumerate(config.train.phases):
         tree = copy.deepcopy(base)
         for key, value in spec.overrides.items():
-            set_dotted(tree, key, value)
+            for spelled in override_keys(tree, key):
+                set_dotted(tree, spelled, value)
         tree["train"]["data_parallel"] = world
         try:
             phase_config = build_run_config(tree)
@@ -57,6 +60,25 @@ def resolve_phases(config: RunConfig, world: int = 1) -> list[Phase]:
         start += steps
     config.model.check_windows(max(phase.config.data.seq_len for phase in phases))
     return phases
+
+
+def override_keys(tree: dict, key: str) -> list[str]:
+    """Where a phase's override `key` is set in the run's config tree. A RoPE key (``model.rope.theta``,
+    ``model.layer_kinds.G.rope.scaling.factor``) of layers whose RoPE keys come from a position list's
+    rotation entry goes into that entry: `model.position`'s entry is laid over `model.rope` when the
+    config is built (a theta it sets would undo the phase's), and a kind with a list has no `rope`."""
+    match = re.fullmatch(r"model\.(?:layer_kinds\.([^.]+)\.)?rope\.(([^.]+).*)", key)
+    if match is None:
+        return [key]
+    kind, rest, first = match.groups()
+    owner = tree["model"] if kind is None else (tree["model"].get("layer_kinds") or {}).get(kind)
+    entries = owner.get("position") if isinstance(owner, dict) else None
+    rotation = next((i for i, entry in enumerate(entries or []) if isinstance(entry, dict) and
+                     getattr(POSITION_TYPES.get(entry.get("type")), "channel", None) == "rotation"), None)
+    if rotation is None or (kind is None and first not in entries[rotation]):
+        return [key]  # model.rope as it is (a list without a rotation entry rotates nothing)
+    spelled = f"model.{'' if kind is None else f'layer_kinds.{kind}.'}position[{rotation}].{rest}"
+    return [key, spelled] if kind is None else [spelled]
 
 
 def base_warnings(phases: list[Phase]) -> list[str]:
