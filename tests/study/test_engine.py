@@ -7,7 +7,8 @@ import tempfile
 import pytest
 
 from ropelab.config import ConfigError, build_run_config
-from ropelab.study.engine import RECORD, Layout, Probe, choose_layout, decide, eager_layout, estimate_s, group_key
+from ropelab.study.engine import (RECORD, Layout, Probe, choose_layout, decide, eager_layout, estimate_s, group_key,
+                                  run_probes)
 from ropelab.study.grid import StudyConfig, expand, load_study
 
 
@@ -81,6 +82,26 @@ def test_a_short_group_is_not_measured(tmp_path):
     layouts = decide("auto", groups, tmp_path, jobs=2, cores=2, choose=pytest.fail, echo=lambda line: None)
     assert layouts == {"g": eager_layout(2, 2)}
     assert "too few to pay for measuring" in json.loads((tmp_path / RECORD).read_text())["groups"]["g"]["notes"][0]
+
+
+def test_a_probe_trains_a_run_whose_schedule_is_set_in_steps(tmp_path):
+    # a frontier trunk carries its warm-up in steps (21 here), longer than the probe's 16 steps
+    tree = build_run_config({**BASE, "train": {"steps": 400, "warmup_steps": 21, "micro_batch": 2}}).to_dict()
+    probe = run_probes(tree, Layout(1, 2), tmp_path / "probe", tmp_path)
+    assert probe.wall_s > 0 and probe.step_s > 0
+
+
+def test_a_group_whose_probe_fails_is_trained_eager_with_the_reason(tmp_path):
+    study = StudyConfig(base={**BASE, "train": {"steps": 2000, "micro_batch": 2}}, grid={"seed": [0, 1]})
+    groups = {"g": expand(study)}
+
+    def choose(*args):
+        raise RuntimeError("engine probe (1 x 2 thread(s), eager) failed: out of memory")
+
+    lines = []
+    assert decide("auto", groups, tmp_path, jobs=2, cores=2, choose=choose, echo=lines.append) == {"g": eager_layout(2, 2)}
+    assert lines == ["engine g (2 runs): 2 x 1 thread(s), eager; eager: engine probe (1 x 2 thread(s), eager) failed: "
+                     "out of memory"]
 
 
 def test_estimate_counts_rounds_of_runs():

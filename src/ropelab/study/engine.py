@@ -119,7 +119,7 @@ def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps:
     """Train `layout.processes` copies of the run at once for `steps` steps each."""
     tree = json.loads(json.dumps(tree))
     tree["train"].update(steps=steps, phases=[], eval_every=steps, eval_batches=1, checkpoint_every=steps, tensorboard=False, progress=False, checkpoint_steps=[])
-    for key in ("tokens", "init_from", "branch_from"):
+    for key in ("tokens", "init_from", "branch_from", "branch_step", "warmup_steps"):  # the run's own schedule
         tree["train"].pop(key, None)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -202,8 +202,12 @@ def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cor
             if why_eager:
                 record["groups"][key] = {"chosen": asdict(eager_layout(jobs, cores)), "measured": [], "notes": [why_eager]}
             else:
-                record["groups"][key] = choose(alone[0].config.to_dict(), len(runs), steps, cores,
-                                               study_dir / "engine" / "probe", study_dir)
+                try:
+                    record["groups"][key] = choose(alone[0].config.to_dict(), len(runs), steps, cores,
+                                                   study_dir / "engine" / "probe", study_dir)
+                except RuntimeError as exc:  # a probe that cannot train says so; the runs themselves still can
+                    record["groups"][key] = {"chosen": asdict(eager_layout(jobs, cores)), "measured": [],
+                                             "notes": [f"eager: {' '.join(str(exc).split())[:300]}"]}
             write_atomically(path, json.dumps(record, indent=2))
         entry = record["groups"][key]
         layouts[key] = Layout(**entry["chosen"])

@@ -14,6 +14,7 @@ A study YAML looks like::
       model.d_model,model.d_ff: [[32, 64], [64, 192]]   # keys joined by commas move together
     longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
     extrapolation: {lengths: [512, 1024]}   # optional: RoPE scaling methods beyond the trained length, every finished run
+    lm_eval: {tasks: [lambada_wiki], include_path: configs/eval}   # optional: `ropelab eval lm`, every finished run
     teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
     frontier: {budgets: [5, 10, 20]}   # optional: each run becomes a trunk and a cooldown per budget (`ropelab.study.frontier`)
     engine: auto             # optional: auto (measured per group of runs, `ropelab.study.engine`) or eager
@@ -41,6 +42,7 @@ from ropelab.evaluate.extrapolation import make_settings
 from ropelab.files import check_folder_name
 from ropelab.sources.init import run_config
 from ropelab.study.frontier import FrontierRun, frontier_runs, parse_frontier
+from ropelab.study.lm_eval_step import check_lm_eval_options
 from ropelab.train.phases import resolve_phases
 
 
@@ -53,6 +55,7 @@ class StudyConfig:
     target_loss: float | None = None
     longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
     extrapolation: dict | None = None  # `ropelab eval extrapolation` options, likewise
+    lm_eval: dict | None = None  # `ropelab eval lm` options (tasks, include_path, limit, ...), likewise
     teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
     frontier: dict | None = None  # each run as a trunk and cooldown branches per token budget (study.frontier)
     # how the runs are trained: auto (layout, compiled steps, allocator measured per group) or eager (`ropelab.study.engine`)
@@ -74,7 +77,8 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier", "engine"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier", "engine",
+               "lm_eval"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {quoted(key)}; allowed: {', '.join(sorted(allowed))}")
@@ -90,6 +94,11 @@ def load_study(path: str | Path) -> StudyConfig:
             make_settings(**extrapolation)
         except ConfigError as exc:
             raise ConfigError(f"{path}: extrapolation: {exc}") from None
+    if data.get("lm_eval") is not None:
+        try:
+            check_lm_eval_options(data["lm_eval"])
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if data.get("frontier") is not None:
         try:
             parse_frontier(data["frontier"])
