@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from ropelab.claims.paths import CLAIMS_CONFIGS
-from ropelab.claims.partial import PARTIAL_CLAIMS
+from ropelab.claims.partial import PARTIAL_CLAIMS, seed_scale_gap
 from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE
 from ropelab.config import ConfigError
+from ropelab.study.fit import Point
 from ropelab.study.grid import expand, load_study
 from tests.claims.rigged import write_frontier_study, write_run
 
@@ -154,3 +155,34 @@ def test_rq6_reads_lambada_perplexity_on_a_log_scale(tmp_path, monkeypatch):
     monkeypatch.setattr(partial, "regime", lambda study_dir, largest_only=False: "20 tokens per non-embedding parameter")
     found = CLAIMS["rq6"].judge({"partial-scaling-code": tmp_path})
     assert found.table[1][0][1] == HOLDS and "log perplexity" in found.table[1][0][0]
+
+
+def _law_points(size_term: float, sizes=(1e4, 3e4, 1e5, 3e5, 1e6)) -> list[Point]:
+    """rope10 and rope100 on L = 1.8 + A N^-0.35 + 30 D^-0.3, rope10 with a larger A (0.2 % noise)."""
+    rng = np.random.default_rng(3)
+    return [Point(variant, seed, n, d, (1.8 + scale * size_term * n ** -0.35 + 30 * d ** -0.3)
+                  * np.exp(0.002 * rng.standard_normal()))
+            for variant, scale in (("rope10", 1.2), ("rope100", 1.0)) for seed in (0, 1)
+            for n in sizes for d in np.geomspace(2.5, 20, 4) * n]
+
+
+def test_the_gap_is_extrapolated_to_the_seed_sizes_only_with_an_interval_where_alpha_is_identified():
+    text = seed_scale_gap(_law_points(50.0), resamples=20)
+    assert text.startswith("Extrapolated by each variant's joint law") and "1B: " in text and "8B: " in text
+    # rope10's extra 0.2 * 50 * N^-0.35 at 1e9: about 0.007 nats, inside the interval given
+    low, high = (float(v) for v in text.split("1B: ")[1].split("[")[1].split("]")[0].split(", "))
+    assert low < 0.2 * 50 * 1e9 ** -0.35 < high
+
+
+def test_the_gap_is_not_extrapolated_where_alpha_is_not_identified_and_the_variant_is_named():
+    text = seed_scale_gap(_law_points(0.0), resamples=20)  # no size term: every alpha fits
+    assert text.startswith("The 10 %-vs-100 % gap is not extrapolated to the seed's 1B and 8B models: the data do "
+                           "not identify alpha") and "rope10 (profile interval" in text and "[" in text
+    two_sizes = seed_scale_gap(_law_points(50.0, sizes=(1e4, 1e6)), resamples=20)
+    assert two_sizes.endswith("rope10 has 2 model size(s), and a joint law L(N, D), whose alpha carries the gap across "
+                              "sizes, needs 3.")
+
+
+def test_rq1_says_why_it_does_not_extrapolate_the_gap(tmp_path):
+    found = CLAIMS["rq1"].judge({"partial-scaling": write_frontier_study(tmp_path, SEPARATED)})
+    assert "not extrapolated to the seed's 1B and 8B models: rope10 has 2 model size(s)" in found.note

@@ -52,6 +52,12 @@ def test_a_saved_config_reads_back_the_same():
     assert again == config
 
 
+def _refused_in_one_line(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        _model(override)
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
+
+
 @pytest.mark.parametrize("value, message", [
     ("3", "model.position=3: must be a list"),
     ("[]", "model.position=[]: must be a non-empty list"),
@@ -69,9 +75,7 @@ def test_a_saved_config_reads_back_the_same():
      "model.position[0]: type fope takes no model.rope.scaling"),
 ])
 def test_bad_entries_are_one_line_errors(value, message):
-    with pytest.raises(ConfigError) as raised:
-        _model(f"model.position={value}")
-    assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
+    _refused_in_one_line(f"model.position={value}", message)
 
 
 _ENTRY = st.sampled_from([{"type": "rope", "fraction": 0.5}, {"type": "nope"}, {"type": "fope", "trained_length": 64},
@@ -170,9 +174,7 @@ def test_a_layer_has_its_own_list_over_its_kind_and_model_position():
      "model.position_layers.1[0]: type fope takes no model.rope.scaling"),
 ])
 def test_a_layers_bad_list_is_one_line_naming_the_layer(layers, message):
-    with pytest.raises(ConfigError) as raised:
-        _model(f"model.position_layers={layers}")
-    assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
+    _refused_in_one_line(f"model.position_layers={layers}", message)
 
 
 def test_a_layer_sets_its_rope_keys_or_its_list_not_both():

@@ -23,7 +23,9 @@ from ropelab.evaluate.ruler_eval import greedy_continuation, score_ruler_items, 
 from ropelab.evaluate.ruler_items import RULER_TASK_NAMES, RulerItem
 from ropelab.evaluate.ruler_score import postprocess
 from ropelab.kv_cache import KVCache
+from ropelab.mla.convert import latent_model
 from ropelab.model import Transformer
+from ropelab.sources.plans import apply_plan, resolve_plans, target_config
 
 BYTES = ByteTokenizer()
 
@@ -52,8 +54,19 @@ def plain_greedy(model, prompt: np.ndarray, steps: int) -> list[int]:
     return sequence[len(prompt):]
 
 
-def test_generation_from_the_kept_cache_is_plain_greedy_decoding():
+def tiny_latent_model() -> Transformer:
+    """`tiny_model` converted to multi-head latent attention (2 of 4 pairs per KV head, by made-up 2-norm
+    scores, so each KV head keeps pairs of its own, rank 5): its cache holds the rotated pair keys and the
+    latent, not keys and values."""
     model = tiny_model(seed=3)
+    scores = [torch.rand(2, 4, generator=torch.Generator().manual_seed(layer)) for layer in range(2)]
+    plans, config = resolve_plans(target_config(model.config, 2, "2-norm"), scores)
+    return latent_model(apply_plan(model, config, plans), 5, "svd-joint").eval()
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_model(seed=3), tiny_latent_model], ids=["gqa", "mla"])
+def test_generation_from_the_kept_cache_is_plain_greedy_decoding(make):
+    model = make()
     prompt = np.random.default_rng(2).integers(0, 256, 50)
     expected = plain_greedy(model, prompt, 12)
     cache = KVCache()

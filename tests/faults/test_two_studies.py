@@ -86,7 +86,7 @@ def test_a_second_study_on_a_live_study_stops_in_one_line(tmp_path):
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"name": "t", "base": long_base, "variants": TWO_RUNS}))
     out = tmp_path / "s"
-    command = ropelab_cmd("study", "--config", config, "--out", out, "--no-live", "--jobs", 1)
+    command = ropelab_cmd("study", "--config", config, "--out", out, "--no-live", "--jobs", 1, "--engine", "eager")
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_env())
     try:
         deadline = time.time() + 120

@@ -3,8 +3,8 @@
 import re
 
 from ropelab.study.fit import Point
-from ropelab.study.fit_report import FIGURE_NAME, MAX_EXTRAPOLATION, fit_section
-from scaling_points import BUDGETS, PARAMS, points
+from ropelab.study.fit_report import FIGURE_NAME, MAX_EXTRAPOLATION, PROFILE_FIGURE_NAME, fit_section
+from scaling_points import BUDGETS, PARAMS, joint_law, points
 
 
 def test_fit_section_has_tables_a_figure_and_a_held_out_line_per_variant():
@@ -16,6 +16,21 @@ def test_fit_section_has_tables_a_figure_and_a_held_out_line_per_variant():
     assert section.markdown.count("held-out check") == 2
     assert "not fitted (fewer than 3 budgets): short N=1e+05" in section.markdown
     assert "<table>" in section.html and f"![scaling fit]({FIGURE_NAME})" in section.markdown
+
+
+def test_fit_section_shows_the_profiles_and_says_which_parameters_are_identified():
+    """Three sizes from the joint law: its alpha and beta are identified; a flat law's alpha is not."""
+    sizes = (1e5, 1e6, 1e7)
+    flat = points("flat", sizes=sizes, law=lambda n, d: joint_law(1e12, d), noise_seed=2)
+    section = fit_section(points(sizes=sizes, law=joint_law, noise_seed=1) + flat, resamples=20)
+    assert section.images[PROFILE_FIGURE_NAME].startswith(b"\x89PNG")
+    assert f"![profiles]({PROFILE_FIGURE_NAME})" in section.markdown
+    assert "| variant | law | parameter | best fit | profile interval | identified? |" in section.markdown
+    alpha_rows = {line.split(" | ")[0].strip("| "): line for line in section.markdown.splitlines()
+                  if line.startswith("| ") and "| L(N, D) | alpha |" in line}
+    assert alpha_rows["rope"].endswith("| yes |") and alpha_rows["flat"].endswith("| no |")
+    assert "alpha in the joint law of 1 of 2 variants (rope)" in section.markdown
+    assert "identified?" in section.html
 
 
 def test_fit_section_without_three_budgets_says_why():
@@ -41,7 +56,8 @@ def test_a_loss_predicted_outside_the_measured_budgets_says_how_far():
     budgets = {"20 tokens/param": 20.0, "200 tokens/param": 200.0, "0.5 tokens/param": 0.5,
                "20000 tokens/param": 20_000.0}
     section = fit_section(points() + points("nope", offset=0.05, noise_seed=1), budgets, resamples=50)
-    rows = [line.split(" | ") for line in section.markdown.splitlines() if line.startswith(("| rope |", "| nope - rope |"))]
+    rows = [line.split(" | ") for line in section.markdown.splitlines()
+            if line.startswith(("| rope |", "| nope - rope |")) and "| L(D) at" not in line]  # not the profiles' rows
     (fit_row, *gap_rows) = rows
     inside, past, short, far = fit_row[-4:]
     assert "n/a" not in inside and "measured" not in inside and re.fullmatch(r"\S+ \[\S+, \S+\]", inside)

@@ -26,8 +26,21 @@ def test_grid_is_a_cartesian_product_with_readable_ids():
     assert runs[3].config.seed == 1 and runs[3].config.train.lr == 4e-4 and runs[3].config.model.block == "parallel"
 
 
+def test_keys_joined_by_commas_move_together():
+    study = StudyConfig(base={"preset": "tiny-llama", "model": {"head_dim": 64, "n_head": 1, "n_kv_head": 1}},
+                        grid={"model.d_model,model.d_ff": [[32, 64], [64, 192]], "model.n_layer": [1, 2]})
+    runs = expand(study)
+    assert [r.id for r in runs] == ["d_model32-d_ff64-n_layer1", "d_model32-d_ff64-n_layer2",
+                                    "d_model64-d_ff192-n_layer1", "d_model64-d_ff192-n_layer2"]
+    shapes = [(r.config.model.d_model, r.config.model.d_ff, r.config.model.n_layer, r.config.model.head_size) for r in runs]
+    assert shapes == [(32, 64, 1, 64), (32, 64, 2, 64), (64, 192, 1, 64), (64, 192, 2, 64)]
+    assert runs[1].overrides == {"model.d_model": 32, "model.d_ff": 64, "model.n_layer": 2}
+
+
 @pytest.mark.parametrize("study, message", [
     (StudyConfig(), "empty grid"),
+    (StudyConfig(grid={"model.d_model,model.d_ff": [[32, 64], [64]]}), r"grid\.model\.d_model,model\.d_ff: each value must be a list of 2"),
+    (StudyConfig(grid={"model.d_model,model.d_ff": [64]}), "one per key"),
     (StudyConfig(grid={"model.rope.fractoin": [0.5]}), "model.rope.fractoin"),
     (StudyConfig(grid={"seed": []}), "grid.seed"),
     (StudyConfig(grid={"model.rope.fraction": [0.5, 2.0]}), "fraction2"),

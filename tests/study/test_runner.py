@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from ropelab.config import ConfigError
+from ropelab.study.engine import Layout
 from ropelab.study.grid import StudyConfig
 from ropelab.study.runner import run_study
 from ropelab.train.checkpoint import latest_checkpoint
@@ -20,6 +21,22 @@ BASE = {
     "data": {"tokenizer": "bytes", "seq_len": 16},
     "train": {"steps": 4, "micro_batch": 2, "eval_every": 2, "eval_batches": 1, "checkpoint_every": 2},
 }
+
+
+def write_engine_record(out, layout, base):
+    """study.yaml and DIR/engine.json as `auto` leaves them after measuring: `layout` for the grid's one group."""
+    import os
+    from dataclasses import asdict
+
+    from ropelab.study.engine import RECORD, group_key
+    from ropelab.study.grid import expand
+    from ropelab.study.runner import record_study
+
+    grid = StudyConfig(name="t", base=base, grid={"model.rope.fraction": [0.0, 1.0]})
+    record_study(out, grid, expand(grid))
+    key = group_key(expand(grid)[0].config)
+    (out / RECORD).write_text(json.dumps({"engine": "auto", "cores": os.cpu_count(), "groups": {
+        key: {"chosen": asdict(layout), "measured": [], "notes": ["written by the test"]}}}))
 
 
 def study(**grid):
@@ -109,7 +126,8 @@ def _processes_naming(path) -> list[str]:
     return found
 
 
-def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_path):
+@pytest.mark.parametrize("engine", ["eager", "auto"])
+def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_path, engine):
     import os
     import signal
     import subprocess
@@ -125,9 +143,11 @@ def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"name": "t", "base": long_base, "grid": {"model.rope.fraction": [0.0, 1.0]}}))
     out = tmp_path / "s"
+    if engine == "auto":  # the choice of an earlier measurement (two single-thread trainers), read back, not measured again
+        write_engine_record(out, Layout(2, 1), long_base)
     runs = [out / "runs" / name for name in ("fraction0", "fraction1")]
     study_process = subprocess.Popen([sys.executable, "-m", "ropelab", "study", "--config", config, "--out", out, "--no-live",
-                                      "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      "--jobs", "2", "--engine", engine], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
     while not all(read_metrics(run) for run in runs):  # both trainers are past their first step
@@ -143,7 +163,7 @@ def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_
         stopped_at = latest_checkpoint(run)
         assert stopped_at is not None and 0 < int(stopped_at.name.split("_")[1]) < 1500
         assert not (run / "result.json").exists() and not (run / "error.txt").exists() and not is_locked(run)
-    rerun = StudyConfig(name="t", base=long_base, grid={"model.rope.fraction": [0.0, 1.0]})
+    rerun = StudyConfig(name="t", base=long_base, grid={"model.rope.fraction": [0.0, 1.0]}, engine=engine)
     assert run_study(rerun, out, jobs=2, live=False) == {"fraction0": "done", "fraction1": "done"}
     for run in runs:
         assert [r["step"] for r in read_metrics(run)] == list(range(1, 1501))  # each step once: resumed, not restarted

@@ -6,7 +6,7 @@ import pytest
 
 from ropelab.config import ConfigError
 from ropelab.study.fit import Point
-from ropelab.study.variant_fits import fit_gaps, fit_variants, gap
+from ropelab.study.variant_fits import fit_gaps, fit_variants, gap, joint_gap
 from scaling_points import ALPHA, BETA, BUDGETS, E, PARAMS, RESAMPLES, data_law, joint_law, points
 
 
@@ -69,3 +69,22 @@ def test_bad_points_are_refused():
         fit_variants([])
     with pytest.raises(ConfigError, match="variants 'a' and 'b' have no model size in common"):
         gap(points("a") + points("b", sizes=(1e6,)), "a", "b")
+
+
+def test_joint_gap_pairs_the_resamples_of_both_variants():
+    """Two variants from one joint law, one shifted by 0.05: their predicted gap far outside the sizes
+    measured holds -0.05 with the same resamples; a variant against itself has a zero-width interval."""
+    sizes = (1e5, 1e6, 1e7)
+    both = (points("rope", sizes=sizes, law=joint_law, noise_seed=1)
+            + points("nope", sizes=sizes, law=lambda n, d: joint_law(n, d) + 0.05, noise_seed=2)
+            + points("short", noise_seed=3))
+    fits = fit_variants(both, resamples=30)
+    rope, nope, short = fits
+    assert rope.joint_samples.shape == (30, 5) and short.joint is None and rope.identified("alpha")
+    far = joint_gap(fits, "rope", "nope", 1e9, 1e11)
+    assert far.value == pytest.approx(float(rope.joint.predict(1e9, 1e11) - nope.joint.predict(1e9, 1e11)))
+    assert far.contains(-0.05)
+    itself = joint_gap(fits, "rope", "rope", 1e9, 1e11)
+    assert itself.low == itself.high == itself.value == 0.0
+    with pytest.raises(ConfigError, match="'short' has no joint law"):
+        joint_gap(fits, "rope", "short", 1e9, 1e11)

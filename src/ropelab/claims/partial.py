@@ -14,6 +14,7 @@ rotated dims are 2 * floor(f * 32): 0, 2, 6, 16 and 64 for NoPE, 2ch, 10 %, 25 %
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -29,11 +30,17 @@ from ropelab.claims.study_folder import StudyFolder, variant_of
 from ropelab.claims.verdict import higher, lower, matches, present, rises_sharply
 from ropelab.config import ConfigError
 from ropelab.evaluate.lm_eval import evaluate_lm
+from ropelab.study.bootstrap import DEFAULT_RESAMPLES
+from ropelab.study.fit import MIN_SIZES, Point
+from ropelab.study.frontier_report import fit_points
 from ropelab.study.plots import new_figure, png_bytes
+from ropelab.study.variant_fits import fit_variants, joint_gap
 
 SEED = "partial-rope (000)"
 # The seed's runs: 1B models on 100B tokens (about 100 per non-embedding parameter), 8B on 100B (12.5)
 SEED_REGIME = "12.5 (8B) to about 100 (1B) tokens per non-embedding parameter, 100B tokens"
+SEED_SIZES = {"1B": 1e9, "8B": 8e9}  # taken as non-embedding parameters
+SEED_TOKENS = 100e9
 RQ6_TASKS = ("lambada_stdlib", "nextline_stdlib", "python_mc")  # local tasks under configs/eval
 FRACTIONS = ("nope", "2ch", "rope10", "rope25", "rope100")
 RQ1_BANDS = (("nope", "2ch"), ("rope10", "rope25", "rope100"))
@@ -59,6 +66,40 @@ def _frontier_bands(stem: str, bands: Sequence[Sequence[str]], what: str, note: 
                           "and each variant's gap to full RoPE against tokens.", " ".join([FRONTIER_RULE_NOTE, note]).strip(),
                           regime(study))
     return judge
+
+
+def seed_scale_gap(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES) -> str:
+    """One sentence: the 10 %-vs-100 % gap (rope10 - rope100) that both variants' joint laws L(N, D)
+    predict at the seed's sizes on its tokens, with a 95 % bootstrap interval over the paired resamples,
+    only when both laws' alpha is identified by its profile (`ropelab.study.fit_profiles`); else why not,
+    naming the variant."""
+    points = [p for p in points if p.variant in ("rope10", "rope100")]
+    sizes = {v: len({p.params for p in points if p.variant == v}) for v in ("rope10", "rope100")}
+    short = [v for v, n in sizes.items() if n < MIN_SIZES]
+    not_extrapolated = "The 10 %-vs-100 % gap is not extrapolated to the seed's 1B and 8B models"
+    if short:
+        return (f"{not_extrapolated}: {short[0]} has {sizes[short[0]]} model size(s), and a joint law L(N, D), "
+                f"whose alpha carries the gap across sizes, needs {MIN_SIZES}.")
+    fits = fit_variants(points, resamples=resamples)
+    unidentified = [fit for fit in fits if not fit.identified("alpha")]
+    if unidentified:
+        return (f"{not_extrapolated}: the data do not identify alpha in the joint law L(N, D) of "
+                + " or ".join(f"{fit.variant} (profile interval {fit.joint_profiles['alpha'].interval_text})"
+                              for fit in unidentified) + ".")
+    largest = max(p.params for p in points)
+    predicted = "; ".join(f"{name}: {joint_gap(fits, 'rope10', 'rope100', params, SEED_TOKENS)} nats"
+                          f" ({params / largest:,.0f}x the largest size measured)" for name, params in SEED_SIZES.items())
+    alphas = ", ".join(f"{fit.variant} {fit.joint_profiles['alpha'].interval_text}" for fit in fits)
+    return (f"Extrapolated by each variant's joint law L(N, D) (alpha identified: profile intervals {alphas}), the "
+            f"10 %-vs-100 % gap at {SEED_TOKENS:.3g} tokens [95 % bootstrap interval] is {predicted}; a law fitted "
+            "at tiny scale carried this far is a guide, not a measurement.")
+
+
+def _judge_rq1(studies: Mapping[str, Path]) -> Finding:
+    finding = _frontier_bands(SCALING, RQ1_BANDS, f"1, 2 and 3 layers of d_model 64 (one head of 64) on {ENGLISH}, "
+                              "256 bytes per window")(studies)
+    extrapolation = seed_scale_gap(fit_points(StudyFolder(studies[SCALING]).frontier_points))
+    return dataclasses.replace(finding, note=f"{finding.note} {extrapolation}".strip())
 
 
 def _gap_at_final(frontiers, a: str, b: str, absolute: bool = False) -> list[float]:
@@ -244,10 +285,7 @@ PARTIAL_CLAIMS: list[Claim] = [
     Claim("rq1", SEED, "Sec. 4, RQ1",
           "Models with NoPE or RoPE on two channels converge to a higher final loss; 10 % of the channels rotated "
           "and more match full RoPE.",
-          (SCALING,),
-          _frontier_bands(SCALING, RQ1_BANDS, f"1, 2 and 3 layers of d_model 64 (one head of 64) on {ENGLISH}, "
-                          "256 bytes per window"),
-          SEED_REGIME),
+          (SCALING,), _judge_rq1, SEED_REGIME),
     Claim("rq2", SEED, "Sec. 4, RQ2",
           "The same two bands form on a second pretraining corpus of a different quality (FineWeb-Edu beside FineWeb).",
           ("partial-prose", SCALING), _judge_rq2, SEED_REGIME),

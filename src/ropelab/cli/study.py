@@ -23,6 +23,11 @@ def _add_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan (runs, tokens, FLOPs, GPU-hours, memory) and stop")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the dry-run's GPU-hours (default 0.4)")
     p.add_argument("--no-live", action="store_true", help="no live overview (print a table at the end)")
+    p.add_argument("--engine", choices=["auto", "eager"],
+                   help="how runs are trained (default: the study's `engine`, auto): auto measures per group of runs "
+                        "(same shape, sequence length and batch) whether compiled steps, one single-thread process per "
+                        "core and an installed tcmalloc/jemalloc are faster, records it in DIR/engine.json; eager is "
+                        "--jobs trainers, the cores split between them")
 
 
 def default_jobs() -> int:
@@ -38,6 +43,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ropelab.study.plan import print_plan
 
     study = load_study(args.config) if args.config else default_study()
+    if args.engine:
+        study.engine = args.engine
     if args.dry_run:
         print_plan(expand(study), args.mfu)
         return 0

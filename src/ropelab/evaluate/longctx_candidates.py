@@ -42,6 +42,7 @@ class _PrefixAttention(nn.Module):
         self.suffix_mask = suffix_mask  # (T, P + T) bool: which prompt and row keys each row token sees
         self.keys: Optional[torch.Tensor] = None
         self.values: Optional[torch.Tensor] = None
+        self.cached: tuple[torch.Tensor, torch.Tensor] = ()  # what a KV cache holds for the prompt
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids=None, kv_cache=None,
                 norm: Optional[nn.Module] = None) -> torch.Tensor:
@@ -50,6 +51,9 @@ class _PrefixAttention(nn.Module):
         q, k, v = a.queries_keys_values(x, position_ids, norm)  # (B, H, T, D), (B, K, T, D) x 2
         if self.keys is None:
             self.keys, self.values = k, v
+            # an attention whose cache holds something else than its keys and values (MLA: the latent) says what
+            entries = getattr(a, "cache_entries", None)
+            self.cached = (k, v) if entries is None else entries(x, position_ids, norm)
             y = attend(q, k, v, window=a.window)
         else:
             mask = self.suffix_mask
@@ -91,7 +95,8 @@ def candidate_logits(model, prompts: np.ndarray, slots: torch.Tensor, device="cp
     """Logits (N, C, A + 1, V) for prompts (N, L) and their candidates `slots` (N, C, A): [n, c, 0]
     after prompt n, [n, c, k] after its candidate c's first k tokens (past a candidate's end: padding).
     `model` needs `hidden_states(ids, position_ids)`, `lm_head` and (optionally) `blocks[i].attn`.
-    `keep`: an empty KVCache that receives the prompts' keys and values, layer by layer."""
+    `keep`: an empty KVCache that receives, layer by layer, what each attention caches for the prompts
+    (its keys and values, or what its `cache_entries` gives)."""
     (N, L), (_, C, A) = prompts.shape, slots.shape
     positions = (L + torch.arange(A)).repeat(C).expand(N, C * A)
     slot = torch.arange(C * A)
@@ -101,7 +106,7 @@ def candidate_logits(model, prompts: np.ndarray, slots: torch.Tensor, device="cp
         last = model.hidden_states(torch.from_numpy(prompts).to(device))[:, -1:]  # (N, 1, d_model)
         hidden = model.hidden_states(slots.flatten(1).to(device), position_ids=positions.to(device))  # (N, C*A, d_model)
     if keep is not None:
-        keep.hold([a.keys for a in attentions], [a.values for a in attentions])
+        keep.hold([a.cached[0] for a in attentions], [a.cached[1] for a in attentions])
     hidden = torch.cat([last[:, None].expand(N, C, 1, -1), hidden.view(N, C, A, -1)], dim=2)  # (N, C, A + 1, d_model)
     return model.lm_head(hidden).float()
 

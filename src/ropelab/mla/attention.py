@@ -131,6 +131,24 @@ class LatentAttention(nn.Module):
             bias = carried if bias is None else bias + carried
         return weight, bias
 
+    def _rotated_latent(self, x: torch.Tensor, position_ids: torch.Tensor,
+                        absorb: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C), normalised -> the rotated queries (B, H, T, R; all D channels unless `absorb`: absorbed,
+        only the rotated ones are projected as they are, the rest go through W_uk), the rotated positional
+        keys (B, K, T, R) and the latents (B, K, T, d)."""
+        k_rope, c = self.latent(x)
+        q = self._split_heads(F.linear(x, *self.rope_query()) if absorb else self.q_proj(x), self.n_head)
+        q, k_rope = self.rope(q, k_rope, position_ids)
+        return q, k_rope, c
+
+    def cache_entries(self, x: torch.Tensor, position_ids: torch.Tensor,
+                      norm: Optional[nn.Module] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a cache holds for these tokens, in its key and value slots: the rotated positional keys
+        (B, K, T, R) and the latents (B, K, T, d). For a prompt whose attention ran elsewhere
+        (`ropelab.evaluate.longctx_candidates`) and whose decoding goes on from the cache."""
+        _, k_rope, c = self._rotated_latent(x if norm is None else norm(x), position_ids, absorb=True)
+        return k_rope, c
+
     # ------------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, doc_ids, kv_cache: Optional[KVCache] = None,
@@ -144,11 +162,8 @@ class LatentAttention(nn.Module):
             y = attend(q, k, v, doc_ids, self.backend, window=self.window)  # (B, H, T, D)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
         x = x if norm is None else norm(x)
-        k_rope, c = self.latent(x)  # (B, K, T, R), (B, K, T, d)
+        q, k_rope, c = self._rotated_latent(x, position_ids, self.absorb)
         seen = kv_cache.get_seq_length(self.layer)
-        # absorbed, only the queries' rotated channels are projected as they are: the rest go through W_uk
-        q = self._split_heads(F.linear(x, *self.rope_query()) if self.absorb else self.q_proj(x), self.n_head)
-        q, k_rope = self.rope(q, k_rope, position_ids)  # q (B, H, T, R or D)
         k_rope, c = kv_cache.update(k_rope, c, self.layer, {"window": self.window})  # (B, K, L + T, R / d)
         key_start = seen + T - c.shape[2]
         if not self.absorb:

@@ -40,7 +40,8 @@ from scipy.optimize import minimize
 from ropelab.config import ConfigError
 
 __all__ = ["MIN_BUDGETS", "MIN_SIZES", "DataLaw", "JointLaw", "Point", "check_points", "checked_curve",
-           "fit_data_law", "fit_joint_law", "fits_and_refits", "predict_data_laws", "require_budgets"]
+           "fit_data_law", "fit_joint_law", "fits_and_refits", "predict_data_laws", "predict_joint_laws",
+           "refit_fixed", "require_budgets"]
 
 HUBER_DELTA = 1e-3
 # Chinchilla's grid of starting points: log E, the log coefficients, the exponents
@@ -155,9 +156,9 @@ def _objective(theta: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray,
 
 
 def _minimise(start: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray,
-              counts: np.ndarray) -> tuple[np.ndarray, float]:
-    """scipy's L-BFGS-B from `start` on the points weighted by `counts`, with E and the exponents >= 0.
-    It minimises the summed Huber loss divided by delta^2 and the number of points (see the module), in
+              counts: np.ndarray, fixed: tuple[int, float] | None = None) -> tuple[np.ndarray, float]:
+    """scipy's L-BFGS-B from `start` on the points weighted by `counts`, with E and the exponents >= 0
+    (`fixed`: (index, value) of E or an exponent held at that value). It minimises the summed Huber loss divided by delta^2 and the number of points (see the module), in
     log x centred on its mean (c_j - p_j * mean, which takes most of the correlation of c_j and p_j out);
     returns the optimum and its summed Huber loss."""
     used = counts > 0
@@ -165,6 +166,9 @@ def _minimise(start: np.ndarray, log_x: np.ndarray, log_loss: np.ndarray,
     centre, scale, shift = log_x.mean(axis=0), HUBER_DELTA ** 2 * counts.sum(), np.zeros(start.size)
     shift[1::2] = centre
     bounds = [(0.0, None) if j % 2 == 0 else (None, None) for j in range(start.size)]
+    if fixed is not None:
+        start, (index, value) = start.copy(), fixed
+        start[index], bounds[index] = value, (value, value)
     result = minimize(_objective, start - shift * np.roll(start, -1), (log_x - centre, log_loss, counts / scale),
                       method="L-BFGS-B", jac=True, bounds=bounds,
                       options={"ftol": FTOL, "gtol": GTOL, "maxiter": MAX_ITER})
@@ -201,11 +205,27 @@ def predict_data_laws(theta: np.ndarray, tokens: float) -> np.ndarray:
     return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * np.log(tokens))
 
 
+def predict_joint_laws(theta: np.ndarray, params: float, tokens: float) -> np.ndarray:
+    """The joint law of each row of theta (fits x [E, log A, alpha, log B, beta]) at N = `params`, D = `tokens`."""
+    log_n, log_d = np.log(params), np.log(tokens)
+    return theta[:, 0] + np.exp(theta[:, 1] - theta[:, 2] * log_n) + np.exp(theta[:, 3] - theta[:, 4] * log_d)
+
+
 def fits_and_refits(curves: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]):
     """For each (log x, log loss, multiplicities of the points in each resample): the fit to all points
     from the grid (theta and its summed Huber loss), and the resamples' refits from it (thetas)."""
     full = [(x, y, counts, *_fit(x, y)) for x, y, counts in curves]
     return [(theta[0], objective[0], _fit(x, y, theta[0], counts)[0]) for x, y, counts, theta, objective in full]
+
+
+def refit_fixed(log_x: np.ndarray, log_loss: np.ndarray, start: np.ndarray, index: int,
+                value: float) -> tuple[np.ndarray, float]:
+    """The law's fit (theta and summed Huber loss) to the points (log x: points x k, each once) from
+    `start`, with parameter `index` of theta held at `value`: E (0) or an exponent (2, 4), which are not
+    shifted by `_minimise`'s centring, so that holding them is a bound of L-BFGS-B."""
+    if index % 2:
+        raise ConfigError(f"fit: parameter {index} of theta is a log coefficient; only E and the exponents can be held")
+    return _minimise(start, log_x, log_loss, np.ones(len(log_loss)), (index, value))
 
 
 def fit_data_law(tokens, losses, start: DataLaw | None = None) -> DataLaw:

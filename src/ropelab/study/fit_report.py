@@ -1,6 +1,7 @@
 """The report section of the scaling-law fits (`ropelab.study.fit`): tables of the fitted laws with
-their bootstrap intervals, the gaps between variants, a held-out check per variant and size, and a
-figure of loss against tokens with the fitted curves. The laws, named budgets and gaps share one set
+their bootstrap intervals, the gaps between variants, a held-out check per variant and size, a
+figure of loss against tokens with the fitted curves, and the profiles of E and the exponents
+(`ropelab.study.fit_profiles`) as a table, a figure and a sentence saying which the data identify. The laws, named budgets and gaps share one set
 of resamples (`fit_variants`, then `fit_gaps`); the held-out checks refit theirs in one batch
 (`held_out_checks`)."""
 
@@ -15,11 +16,13 @@ from ropelab.config import ConfigError
 from ropelab.study.bootstrap import DEFAULT_RESAMPLES, MIN_SEEDS, Estimate
 from ropelab.study.fit import MIN_BUDGETS, Point, check_points
 from ropelab.study.fit_checks import held_out_checks
+from ropelab.study.fit_profiles import Profile
 from ropelab.study.variant_fits import DEFAULT_BUDGETS, Gap, VariantFit, fit_gaps, fit_variants
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.section import Section, html_table, markdown_table
 
 FIGURE_NAME = "scaling_fit.png"
+PROFILE_FIGURE_NAME = "fit_profiles.png"
 SEED_MARKERS = "os^Dvp*hX"
 SIZE_LINESTYLES = ("-", "--", ":", "-.")
 MAX_EXTRAPOLATION = 10.0  # a loss predicted further outside the measured budgets than this factor is not shown
@@ -106,6 +109,72 @@ def plot_fits(points: Sequence[Point], fits: Sequence[VariantFit]) -> bytes:
     return png_bytes(fig)
 
 
+def _law_profiles(fits: Sequence[VariantFit]) -> list[tuple[str, str, dict[str, Profile]]]:
+    """(variant, law, its profiles) of each fitted law: the joint law first, then each size's data law."""
+    return [(fit.variant, law, profiles) for fit in fits
+            for law, profiles in ([("L(N, D)", fit.joint_profiles)] if fit.joint_profiles else [])
+            + [(f"L(D) at N={size.params:.3g}", size.profiles) for size in fit.sizes] if profiles]
+
+
+def profile_table(fits: Sequence[VariantFit]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): each profiled parameter of each law with its best fit and profile interval."""
+    return (["variant", "law", "parameter", "best fit", "profile interval", "identified?"],
+            [[variant, law, name, f"{p.best:.4g}", p.interval_text, "yes" if p.identified else "no"]
+             for variant, law, profiles in _law_profiles(fits) for name, p in profiles.items()])
+
+
+def identified_sentence(fits: Sequence[VariantFit]) -> str:
+    """One sentence: for E, alpha and beta, the joint laws and the data laws whose profiles identify it."""
+    clauses = []
+    for name in ("E", "alpha", "beta"):
+        joint = [fit for fit in fits if name in fit.joint_profiles]
+        sizes = [size.profiles[name] for fit in fits for size in fit.sizes if name in size.profiles]
+        said = []
+        if joint:
+            named = [fit.variant for fit in joint if fit.identified(name)]
+            said.append(f"in the joint law of {len(named)} of {len(joint)} variants"
+                        + (f" ({', '.join(named)})" if 0 < len(named) < len(joint) else ""))
+        if sizes:
+            said.append(f"in the data law of {sum(p.identified for p in sizes)} of {len(sizes)} sizes")
+        if said:
+            clauses.append(f"{name} {' and '.join(said)}")
+    return ("The data identify (profile interval bounded inside the grid searched) " + "; ".join(clauses) + "."
+            if clauses else "")
+
+
+def plot_profiles(fits: Sequence[VariantFit]) -> bytes:
+    """A panel per parameter: the profile's objective over its minimum against the parameter's value,
+    a line per law (the joint laws when there are any, else the data laws), its threshold dotted."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"]
+    joint = any(fit.joint_profiles for fit in fits)
+    laws = [(v, variant, law, profiles) for v, fit in enumerate(fits) for variant, law, profiles in _law_profiles([fit])
+            if (law == "L(N, D)") == joint]
+    names = [name for name in ("E", "alpha", "beta") if any(name in profiles for *_, profiles in laws)]
+    fig = new_figure(3.6 * len(names), 3.4)
+    for column, name in enumerate(names):
+        ax = fig.add_subplot(1, len(names), column + 1)
+        for s, (v, variant, law, profiles) in enumerate(laws):
+            p = profiles[name]
+            floor = max(p.minimum, 1e-300)
+            style = "-" if joint else SIZE_LINESTYLES[s % len(SIZE_LINESTYLES)]
+            ax.plot(p.values, p.objectives / floor, style, color=palette(v % 10), lw=1.3,
+                    label=variant if joint else f"{variant} {law.removeprefix('L(D) at ')}")
+            ax.axhline(p.threshold / floor, color=palette(v % 10), ls=":", lw=0.8)
+            ax.plot([p.best], [1.0], "o", color=palette(v % 10), ms=4)
+        ax.set_yscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel("objective / its minimum")
+        ax.grid(alpha=0.3, which="both")
+        if column == 0:
+            ax.legend(fontsize=6, frameon=False)
+    fig.suptitle(f"profiles of the {'joint laws L(N, D)' if joint else 'data laws L(D)'} "
+                 "(dotted: the 95 % threshold)", fontsize=10)
+    fig.tight_layout()
+    return png_bytes(fig)
+
+
 def _held_out_lines(points: Sequence[Point], fits: Sequence[VariantFit], resamples: int, seed: int) -> list[str]:
     checks = held_out_checks(points, resamples, seed)
     lines = []
@@ -149,8 +218,15 @@ def fit_section(points: Sequence[Point], budgets: Mapping[str, float] = DEFAULT_
              + f"; a loss predicted outside the budgets measured says how far, and is not shown past "
                f"{MAX_EXTRAPOLATION:g}x.")
     notes = checks + ([f"not fitted (fewer than {MIN_BUDGETS} budgets): {', '.join(skipped)}"] if skipped else [])
+    profiles = (f"Profiles: each of E, alpha and beta held on a grid from 0 up (E: to just below the smallest loss; "
+                "an exponent: to 3x its fit, at least 1) with the law's other parameters refitted; the interval is where "
+                "the summed Huber loss stays under its minimum x (1 + F(0.95; 1, n - p) / (n - p)), the F-test form of a "
+                "95 % interval for least squares, approximate under the Huber loss. " + identified_sentence(fits))
     markdown = "\n\n".join([intro, f"![scaling fit]({FIGURE_NAME})",
-                            *(markdown_table(h, r) for h, r in tables), "\n".join(f"- {line}" for line in notes)])
+                            *(markdown_table(h, r) for h, r in tables), profiles, f"![profiles]({PROFILE_FIGURE_NAME})",
+                            markdown_table(*profile_table(fits)), "\n".join(f"- {line}" for line in notes)])
     html_text = (f"<p>{html.escape(intro)}</p>" + "".join(html_table(h, r) for h, r in tables)
+                 + f"<p>{html.escape(profiles)}</p>" + html_table(*profile_table(fits))
                  + "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in notes) + "</ul>")
-    return Section("Scaling-law fits", markdown, html_text, {FIGURE_NAME: plot_fits(fitted, fits)})
+    return Section("Scaling-law fits", markdown, html_text,
+                   {FIGURE_NAME: plot_fits(fitted, fits), PROFILE_FIGURE_NAME: plot_profiles(fits)})

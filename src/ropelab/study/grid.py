@@ -11,10 +11,13 @@ A study YAML looks like::
       - {name: 2ch, model.rope.rotary_dims: 2}
     grid:                    # optional: dotted key -> list of values (cartesian product)
       seed: [0, 1]
+      model.d_model,model.d_ff: [[32, 64], [64, 192]]   # keys joined by commas move together
     longctx: {lengths: [256, 1024]}   # optional: long-context evaluation of every finished run
     extrapolation: {lengths: [512, 1024]}   # optional: RoPE scaling methods beyond the trained length, every finished run
+    lm_eval: {tasks: [lambada_wiki], include_path: configs/eval}   # optional: `ropelab eval lm`, every finished run
     teacher_cache: true      # optional: KD runs on the same batches share one teacher-targets cache
     frontier: {budgets: [5, 10, 20]}   # optional: each run becomes a trunk and a cooldown per budget (`ropelab.study.frontier`)
+    engine: auto             # optional: auto (measured per group of runs, `ropelab.study.engine`) or eager
 
 Run ids are readable and stable: the variant name, then ``<last key part><value>`` per grid
 key, e.g. ``nope-seed1``.
@@ -31,7 +34,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from ropelab.config import ConfigError, RunConfig, build_run_config, from_dict, load_yaml, parse_override, set_dotted
 from ropelab.errors import quoted
@@ -39,6 +42,7 @@ from ropelab.evaluate.extrapolation import make_settings
 from ropelab.files import check_folder_name
 from ropelab.sources.init import run_config
 from ropelab.study.frontier import FrontierRun, frontier_runs, parse_frontier
+from ropelab.study.lm_eval_step import check_lm_eval_options
 from ropelab.train.phases import resolve_phases
 
 
@@ -51,8 +55,11 @@ class StudyConfig:
     target_loss: float | None = None
     longctx: dict | None = None  # `ropelab eval longctx` options: evaluate every finished run after training
     extrapolation: dict | None = None  # `ropelab eval extrapolation` options, likewise
+    lm_eval: dict | None = None  # `ropelab eval lm` options (tasks, include_path, limit, ...), likewise
     teacher_cache: bool = False  # KD runs on the same batches share one teacher-targets cache (study.teacher_cache)
     frontier: dict | None = None  # each run as a trunk and cooldown branches per token budget (study.frontier)
+    # how the runs are trained: auto (layout, compiled steps, allocator measured per group) or eager (`ropelab.study.engine`)
+    engine: Literal["auto", "eager"] = "auto"
 
 
 @dataclass
@@ -70,7 +77,8 @@ def _value_text(value: Any) -> str:
 
 def load_study(path: str | Path) -> StudyConfig:
     data = load_yaml(path)
-    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier"}
+    allowed = {"name", "base", "variants", "grid", "target_loss", "longctx", "extrapolation", "teacher_cache", "frontier", "engine",
+               "lm_eval"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown study key {quoted(key)}; allowed: {', '.join(sorted(allowed))}")
@@ -86,6 +94,11 @@ def load_study(path: str | Path) -> StudyConfig:
             make_settings(**extrapolation)
         except ConfigError as exc:
             raise ConfigError(f"{path}: extrapolation: {exc}") from None
+    if data.get("lm_eval") is not None:
+        try:
+            check_lm_eval_options(data["lm_eval"])
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if data.get("frontier") is not None:
         try:
             parse_frontier(data["frontier"])
@@ -98,16 +111,11 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
     """Every run of the study, with its resolved (validated) config."""
     if not isinstance(study.grid, dict) or not isinstance(study.variants, list):
         raise ConfigError("study: `grid` must map keys to lists and `variants` must be a list")
-    for key, values in study.grid.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"grid.{quoted(key)}: a grid key is a dotted config key, e.g. model.rope.fraction")
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid.{key}: must be a non-empty list of values")
+    axes = [_grid_axis(key, values) for key, values in study.grid.items()]
     variants = study.variants or [{}]
     if not study.grid and not study.variants:
         raise ConfigError("study: empty grid (give `grid` and/or `variants`)")
     runs, seen = [], set()
-    keys = list(study.grid)
     frontier = parse_frontier(study.frontier) if study.frontier is not None else None
     for index, variant in enumerate(variants):
         if not isinstance(variant, dict):
@@ -118,10 +126,11 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
                               "keys, e.g. model.rope.fraction")
         variant = dict(variant)
         name = str(variant.pop("name", "")) or "-".join(f"{k.split('.')[-1]}{_value_text(v)}" for k, v in variant.items())
-        for values in itertools.product(*(study.grid[k] for k in keys)):
-            overrides = {**variant, **dict(zip(keys, values))}
+        for points in itertools.product(*axes):
+            settings = [pair for point in points for pair in point]  # (dotted key, value) of every grid axis
+            overrides = {**variant, **dict(settings)}
             parts = [name] if name else []
-            parts += [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in zip(keys, values)]
+            parts += [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in settings]
             run_id = check_folder_name("-".join(parts) or "run", f"variants[{index}]: run id")
             tree = copy.deepcopy(study.base)
             for key, value in overrides.items():
@@ -129,7 +138,7 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
             config = _resolved(run_id, tree)
             planned = [(run_id, tree, None)]
             if frontier is not None:  # what a fit compares: the run without its seed and model shape
-                compared = "-".join([name] * bool(name) + [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in zip(keys, values)
+                compared = "-".join([name] * bool(name) + [f"{k.split('.')[-1]}{_value_text(v)}" for k, v in settings
                                                           if k != "seed" and not k.startswith("model.")]) or "run"
                 planned = frontier_runs(run_id, compared, tree, config, frontier)
             for planned_id, planned_tree, record in planned:
@@ -140,6 +149,24 @@ def expand(study: StudyConfig) -> list[PlannedRun]:
                 runs.append(PlannedRun(planned_id, overrides, planned_config, record))
     check_references(runs)
     return runs
+
+
+def _grid_axis(key: Any, values: Any) -> list[list[tuple[str, Any]]]:
+    """One grid axis as its points, each a list of (dotted key, value): a key ``a.b`` takes each value of
+    its list; keys joined by commas (``model.d_model,model.d_ff``) move together, each value a list of
+    one value per key (model shapes that are not a product of their sides)."""
+    if not isinstance(key, str):
+        raise ConfigError(f"grid.{quoted(key)}: a grid key is a dotted config key, e.g. model.rope.fraction")
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"grid.{key}: must be a non-empty list of values")
+    keys = [k.strip() for k in key.split(",")]
+    if len(keys) == 1:
+        return [[(key, value)] for value in values]
+    for value in values:
+        if not isinstance(value, list) or len(value) != len(keys):
+            raise ConfigError(f"grid.{key}: each value must be a list of {len(keys)} values, one per key; "
+                              f"got {quoted(value)}")
+    return [list(zip(keys, value)) for value in values]
 
 
 def _resolved(run_id: str, tree: dict) -> RunConfig:

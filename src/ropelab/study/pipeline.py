@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ropelab.study.extrapolation import evaluate_study_extrapolation
 from ropelab.study.grid import StudyConfig
+from ropelab.study.lm_eval_step import evaluate_study_lm_eval
 from ropelab.study.report import write_report
 from ropelab.study.runner import run_study
 from ropelab.study.sections import evaluate_study_longctx
@@ -21,4 +22,6 @@ def run_and_report(study: StudyConfig, study_dir: str | Path, jobs: int = 1, liv
         evaluate_study_longctx(study_dir, study.longctx, done, live)
     if study.extrapolation is not None:
         evaluate_study_extrapolation(study_dir, study.extrapolation, done, live)
+    if study.lm_eval is not None:
+        evaluate_study_lm_eval(study_dir, study.lm_eval, done)
     return {"statuses": statuses, "report": write_report(study_dir)}

@@ -36,6 +36,7 @@ from ropelab.config import ConfigError, build_run_config
 from ropelab.files import refuse_links_out, write_atomically
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
+from ropelab.study.engine import Layout, decide, group_key
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.study.teacher_cache import shared_caches, write_shared_caches
 from ropelab.train.checkpoint import latest_checkpoint
@@ -51,6 +52,7 @@ class RunState:
     status: str = "queued"  # queued, running, done, failed, interrupted (stopped by a signal), skipped, elsewhere
     process: Optional[subprocess.Popen] = None
     log: Optional[object] = None
+    layout: Optional[Layout] = None  # processes, threads, compiled steps, allocator (`ropelab.study.engine`)
 
 
 def run_dir(study_dir: Path, run_id: str) -> Path:
@@ -110,7 +112,7 @@ def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[st
     return base + ["--config", str(plan)]
 
 
-def _start(state: RunState, directory: Path, threads: int, cache: Optional[Path] = None) -> None:
+def _start(state: RunState, directory: Path, cache: Optional[Path] = None) -> None:
     """Start the run's trainer, unless another process has finished the run or holds it by now."""
     try:
         with RunLock(directory):  # no trainer starts in it while the study reads and cleans it
@@ -122,7 +124,7 @@ def _start(state: RunState, directory: Path, threads: int, cache: Optional[Path]
     except RunLocked:
         state.status = "elsewhere"
         return
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**os.environ, **state.layout.environment(directory.parent.parent)}
     state.log = open(directory / "train.log", "a")
     # a session of its own: a Ctrl-C in the terminal reaches the study alone, which forwards it once
     state.process = subprocess.Popen(command, stdout=state.log, stderr=subprocess.STDOUT, env=env,
@@ -164,15 +166,28 @@ def _overview(states: list[RunState], study_dir: Path):
     return table
 
 
-def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bool = True) -> dict[str, str]:
-    """Run (or continue) every run of `study` in `study_dir`; returns {run id: status}."""
+def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bool = True,
+              engine: Optional[str] = None) -> dict[str, str]:
+    """Run (or continue) every run of `study` in `study_dir`; returns {run id: status}.
+
+    `engine` (default: `study.engine`) is ``eager`` (`jobs` trainers at once, the cores split between
+    them) or ``auto`` (a layout per group of runs, measured: `ropelab.study.engine`)."""
     study_dir = Path(study_dir)
     runs = expand(study)
     with RunLock(study_dir, role="study"):  # before study.yaml: a second study on the folder stops here
-        return _run_locked(study, runs, study_dir, jobs, live)
+        return _run_locked(study, runs, study_dir, jobs, live, engine or study.engine)
 
 
-def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, jobs: int, live: bool) -> dict[str, str]:
+def _fits(state: RunState, states: list[RunState], jobs: int, engine: str, cores: int) -> bool:
+    """Whether the run may start now: eager, below `jobs` trainers; auto, its threads within the cores."""
+    running = [s for s in states if s.status == "running"]
+    if engine == "eager":
+        return len(running) < jobs
+    return not running or sum(s.layout.threads for s in running) + state.layout.threads <= cores
+
+
+def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, jobs: int, live: bool,
+                engine: str) -> dict[str, str]:
     from rich.console import Console
     from rich.live import Live
 
@@ -181,8 +196,14 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
     states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
     caches = shared_caches(runs, study_dir) if study.teacher_cache else {}
     write_shared_caches(runs, caches, {s.run.id for s in states if s.status == "queued"})
-    jobs = max(1, jobs)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    jobs, cores = max(1, jobs), os.cpu_count() or 1
+    queued = [s for s in states if s.status == "queued"]
+    groups: dict[str, list[PlannedRun]] = {}
+    for s in queued:
+        groups.setdefault(group_key(s.run.config), []).append(s.run)
+    layouts = decide(engine, groups, study_dir, jobs, cores)
+    for s in queued:
+        s.layout = layouts[group_key(s.run.config)]
     console = Console()
     display_context = Live(_overview(states, study_dir), console=console, refresh_per_second=1) if live else contextlib.nullcontext()
     forwarded = 0
@@ -197,17 +218,16 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
                 for s in states:
                     if s.status == "running":
                         s.process.send_signal(signum)
-            running = sum(s.status == "running" for s in states)
             status = {s.run.id: s.status for s in states}
             for s in (states if stop.signum is None else []):  # nothing new starts once the study is stopping
-                if running >= jobs:
-                    break
+                if s.status == "queued" and not _fits(s, states, jobs, engine, cores):
+                    continue
                 needs = [status[target] for _, target in references(s.run.config)]
                 if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere", "interrupted") for n in needs):
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
-                    _start(s, run_dir(study_dir, s.run.id), threads, caches.get(s.run.id))
-                    running += s.status == "running"
+                    _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id))
+            running = sum(s.status == "running" for s in states)
             if display is not None:
                 display.update(_overview(states, study_dir))
             if not running and (stop.signum is not None or not any(s.status == "queued" for s in states)):

@@ -5,6 +5,7 @@
   * conversion    runs started from a source converted to a RoPE plan (`ropelab.study.conversion`);
   * long context  the study's long-context evaluation (``study_dir/longctx/``, written by
                   `evaluate_study_longctx` when the study YAML has a ``longctx`` key);
+  * lm-eval       the study's zero-shot lm-eval tasks (`ropelab.study.lm_eval_step`);
   * extrapolation RoPE scaling methods beyond the trained length (`ropelab.study.extrapolation`);
   * memory        each model's cos/sin tables and key/value cache at 131,072 tokens (`ropelab.study.memory`);
   * frontier      a frontier study's table, cooldown check and scaling-law fits (`ropelab.study.frontier_report`).
@@ -24,6 +25,7 @@ from ropelab.study.conversion import conversion_section
 from ropelab.study.convergence import convergence_section
 from ropelab.study.extrapolation import extrapolation_section
 from ropelab.study.frontier_report import frontier_sections
+from ropelab.study.lm_eval_step import lm_eval_section
 from ropelab.study.memory import layer_kind_memory
 from ropelab.study.section import Section, folder_section, html_table, markdown_table
 
@@ -90,7 +92,8 @@ def memory_section(study_dir: Path, seq_len: int = MEMORY_TOKENS) -> Section | N
 def report_sections(study_dir: str | Path) -> list[Section]:
     study_dir = Path(study_dir)
     sections = (convergence_section(study_dir), phase_section(study_dir), conversion_section(study_dir),
-                longctx_section(study_dir), extrapolation_section(study_dir), memory_section(study_dir))
+                longctx_section(study_dir), lm_eval_section(study_dir), extrapolation_section(study_dir),
+                memory_section(study_dir))
     return [s for s in sections if s is not None] + frontier_sections(study_dir)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 import time
 from dataclasses import MISSING, dataclass, field, fields
@@ -55,7 +56,9 @@ from ropelab.train.validation import evaluate_loss
 
 Callback = Callable[[dict], None]
 
-__all__ = ["train", "TrainResult"]
+__all__ = ["COMPILE_ENV", "train", "TrainResult"]
+
+COMPILE_ENV = "ROPELAB_COMPILE"  # "1": compile the forward as train.compile does, config.yaml unchanged
 
 
 @dataclass
@@ -208,7 +211,8 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
         phase_results = state.get("phase_results", [])
         init_record = state.get("init_from")
     allocate_state(optimizer)  # a fresh run's moments before any activation (resumed: already loaded)
-    forward = torch.compile(wrapped) if tc.compile else wrapped
+    # a study's `auto` engine compiles through the environment, so that config.yaml stays the eager run's
+    forward = torch.compile(wrapped) if tc.compile or os.environ.get(COMPILE_ENV) == "1" else wrapped
     objectives: dict[int, Objective] = {}
     throughputs: dict[int, Throughput] = {}
 

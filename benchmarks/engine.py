@@ -1,0 +1,169 @@
+"""`ropelab study --engine auto` against `eager` on the claims' shapes: equal losses, speed, and where a step's time goes.
+
+    python benchmarks/engine.py                       # all three parts (equality compiles 10 runs: 10+ minutes on 2 cores)
+    python benchmarks/engine.py --parts speed --steps 80
+
+equality: every position encoding of configs/claims/partial-scaling.yaml (NoPE, two channels, 10 %, 25 %,
+    100 %) at two seeds on its 1-layer shape (d_model 64, one head, d_ff 192, bytes, 8 x 256, fp32), 50
+    steps eager and 50 compiled (`ROPELAB_COMPILE=1`, what `auto` sets): the largest relative difference of
+    the step losses and the difference of the final validation losses.
+speed: on the 2-layer size and on the largest (3 layers), `ropelab.study.engine.choose_layout` measures
+    eager's layout (one single-thread trainer per core, `ropelab study`'s default --jobs), one trainer on
+    every core, compiled steps, and an installed tcmalloc/jemalloc, each a set of real `ropelab train`
+    processes run at once; tokens/s per run and GFLOP/s of the whole machine (PaLM's 6N + attention FLOPs
+    per token) against the sgemm rate measured here (1024^3 fp32 on every core).
+profile: one eager step of the 2-layer size under torch.profiler, its CPU time split into matrix
+    products, attention and everything else (elementwise, norms, loss, optimizer).
+Prints tables, then ONE JSON line with every figure. On a shared machine the figures are upper bounds of the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ropelab import machine
+from ropelab.config import build_run_config, load_yaml
+from ropelab.model import Transformer
+from ropelab.study.engine import choose_layout, eager_layout, run_probes
+from ropelab.train.loop import COMPILE_ENV, train
+from ropelab.train.metrics import read_metrics
+
+CLAIMS = Path(__file__).resolve().parents[1] / "configs/claims/partial-scaling.yaml"
+POSITIONS = {"nope": ["model.rope.fraction=0.0"], "2ch": ["model.rope.rotary_dims=2"], "rope10": ["model.rope.fraction=0.1"],
+             "rope25": ["model.rope.fraction=0.25"], "rope100": ["model.rope.fraction=1.0"]}
+MATMUL = ("mm", "addmm", "bmm", "matmul", "linear")
+ATTENTION = ("attention", "softmax", "_efficient_attention", "flash")
+
+
+def claims_tree(layers: int, position: list[str], seed: int, steps: int) -> dict:
+    base = load_yaml(CLAIMS)["base"]
+    overrides = [f"model.n_layer={layers}", f"seed={seed}", f"train.steps={steps}", f"train.eval_every={steps}",
+                 f"train.checkpoint_every={steps}", "train.progress=false", "data.corpus=stdlib", *position]
+    return build_run_config(base, overrides=overrides).to_dict()
+
+
+def equality(steps: int, folder: Path) -> list[dict]:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    rows = []
+    for name, position in POSITIONS.items():
+        for seed in (0, 1):
+            curves = {}
+            for compiled in ("0", "1"):
+                os.environ[COMPILE_ENV] = compiled
+                run = folder / f"{name}-{seed}-{compiled}"
+                result = train(build_run_config(claims_tree(1, position, seed, steps)), run)
+                curves[compiled] = ([r["loss"] for r in read_metrics(run) if "loss" in r], result.final_val_loss)
+            (eager, eager_val), (comp, comp_val) = curves["0"], curves["1"]
+            rows.append({"position": name, "seed": seed, "steps": len(eager),
+                         "max_rel_loss_diff": max(abs(a - b) / abs(a) for a, b in zip(eager, comp)),
+                         "val_eager": eager_val, "val_compiled": comp_val, "val_diff": abs(comp_val - eager_val)})
+            r = rows[-1]
+            print(f"{r['position']:<9}{r['seed']:>5}{r['max_rel_loss_diff']:>19.2e}{r['val_eager']:>11.4f}"
+                  f"{r['val_compiled']:>14.4f}{r['val_diff']:>10.1e}", flush=True)
+    os.environ.pop(COMPILE_ENV)
+    return rows
+
+
+def sgemm_gflops(threads: int) -> float:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    start, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ b
+    return 2 * 1024 ** 3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def speed(layers: int, steps: int, folder: Path, cores: int) -> dict:
+    tree = claims_tree(layers, POSITIONS["rope25"], 0, steps)
+    config = build_run_config(tree)
+    config.model.vocab_size = config.model.vocab_size or 256
+    model = Transformer(config.model)
+    flops = model.flops_per_token(config.data.seq_len)
+    tokens_per_step = config.train.micro_batch * config.train.grad_accum * config.data.seq_len
+    planned = -(-20 * model.num_params(non_embedding=True) // tokens_per_step)  # the frontier's largest budget, 20 tokens/param
+    record = choose_layout(tree, runs=10, steps=planned, cores=cores, folder=folder / f"probe{layers}", study_dir=folder,
+                           probe_steps=steps, measure=lambda t, lay, f, s: run_probes(t, lay, f, s, steps=steps))
+    eager = eager_layout(cores, cores)
+    for m in record["measured"]:
+        m["tokens_per_s_per_run"] = tokens_per_step / m["step_s"]
+        m["gflops"] = flops * m["tokens_per_s_per_run"] * m["processes"] / 1e9
+        m["eager"] = (m["processes"], m["threads"], m["compile"], m["allocator"]) == (eager.processes, eager.threads, False, None)
+    return {"layers": layers, "flops_per_token": flops, "planned_steps": planned, **record}
+
+
+def profile(layers: int) -> dict:
+    from ropelab.train.optim import build_optimizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = build_run_config(claims_tree(layers, POSITIONS["rope25"], 0, 10))
+    config.model.vocab_size = 256
+    model = Transformer(config.model)
+    optimizer = build_optimizer(model, config.train)
+    tokens = torch.randint(0, 256, (config.train.micro_batch, config.data.seq_len + 1))
+
+    def step():
+        _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(3):
+        step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step()
+    shares = {"matmul": 0.0, "attention": 0.0, "elementwise and other": 0.0}
+    for event in prof.key_averages():
+        name = event.key.lower()
+        kind = ("matmul" if any(name == f"aten::{m}" or name.endswith(f"::{m}") for m in MATMUL) else
+                "attention" if any(a in name for a in ATTENTION) else "elementwise and other")
+        if name.startswith("aten::") or "ropelab" in name:
+            shares[kind] += event.self_cpu_time_total
+    total = sum(shares.values())
+    return {k: v / total for k, v in shares.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", default=["equality", "speed", "profile"])
+    parser.add_argument("--steps", type=int, default=50, help="steps of each equality run and of each speed probe")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3], help="layers of the speed part's sizes")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    figures = {"machine": machine.describe(), "sgemm_gflops": sgemm_gflops(cores)}
+    print(f"{figures['machine']}; sgemm {figures['sgemm_gflops']:.0f} GFLOP/s (1024^3 fp32, {cores} threads)", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        if "equality" in args.parts:
+            print(f"\ncompiled vs eager, fp32, {args.steps} steps, 1 layer")
+            print(f"{'position':<9}{'seed':>5}{'max rel loss diff':>19}{'val eager':>11}{'val compiled':>14}{'val diff':>10}")
+            figures["equality"] = equality(args.steps, Path(folder) / "equality")
+        if "speed" in args.parts:
+            figures["speed"] = [speed(layers, args.steps, Path(folder) / "speed", cores) for layers in args.sizes]
+            for s in figures["speed"]:
+                print(f"\n{s['layers']} layer(s), {s['flops_per_token'] / 1e6:.2f} MFLOP/token; auto chose "
+                      f"{s['chosen']}; {'; '.join(s['notes']) or ''}")
+                print(f"{'layout':<38}{'tokens/s per run':>17}{'GFLOP/s':>9}{'of sgemm':>10}{'wall s':>8}")
+                for m in s["measured"]:
+                    label = f"{m['processes']} x {m['threads']} thread(s), {'compiled' if m['compile'] else 'eager'}" + \
+                        (" (eager engine)" if m["eager"] else "") + (", " + Path(m["allocator"]).name if m["allocator"] else "")
+                    print(f"{label:<38}{m['tokens_per_s_per_run']:>17,.0f}{m['gflops']:>9.1f}"
+                          f"{m['gflops'] / figures['sgemm_gflops']:>10.0%}{m['wall_s']:>8.1f}")
+        if "profile" in args.parts:
+            figures["profile"] = profile(args.sizes[0])
+            print(f"\none eager step, {args.sizes[0]} layers, {cores} threads: " +
+                  ", ".join(f"{k} {v:.0%}" for k, v in figures["profile"].items()))
+    print(json.dumps(figures, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""How a study trains its runs: `study.engine` (``eager`` or ``auto``) and what ``auto`` measures.
+
+``eager`` is the plain path: every run a ``ropelab train`` process, ``--jobs`` at once, the CPU
+threads split between them. ``auto`` keeps every run a process of its own (its folder is what an
+eager run writes) but decides, per group of runs that share a model shape, sequence length, batch
+and precision, from short trainings of one of the group's runs on this machine:
+
+* the layout: one process on every core, or one single-thread process per core;
+* compiled steps (``torch.compile``, inductor's C++ backend; only where a C++ compiler is found),
+  with the inductor cache kept in ``DIR/engine/inductor`` for every run of the study; the compile
+  time is counted, since a probe's whole wall time enters the estimate;
+* the allocator: tcmalloc or jemalloc through ``LD_PRELOAD`` where one is installed.
+
+A probe trains ``PROBE_STEPS`` steps; a run's time is estimated as the probe's wall time plus its
+remaining steps at the probe's median step time, and a group's as that times its rounds of runs. A group
+that trains fewer than ``MEASURED_FROM_STEPS`` steps in all is trained eager, unmeasured.
+The layout is measured eager first, then compiled steps and the allocator on the faster layout.
+The choice and every figure go to ``DIR/engine.json`` (one line per group is printed); a study
+continued later reuses them. Compiled runs get ``ROPELAB_COMPILE=1`` (read by the trainer), not a
+config key, so their config.yaml is the eager run's.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from ropelab.files import write_atomically
+from ropelab.train.loop import COMPILE_ENV
+from ropelab.train.metrics import read_metrics
+from ropelab.train.phases import resolve_phases
+
+ENGINES = ("auto", "eager")
+PROBE_STEPS = 16
+WARMUP_STEPS = 4  # a probe's first steps (compilation, first touches) are left out of its step time
+MEASURED_FROM_STEPS = 50 * PROBE_STEPS  # a group training fewer steps in all is not worth its probes: eager
+RECORD = "engine.json"
+ALLOCATOR_NAMES = ("libtcmalloc_minimal.so*", "libtcmalloc.so*", "libjemalloc.so*")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the runs of one group are trained: `processes` at once, `threads` each."""
+
+    processes: int
+    threads: int
+    compile: bool = False
+    allocator: Optional[str] = None  # a malloc library put in LD_PRELOAD
+
+    def describe(self) -> str:
+        parts = [f"{self.processes} x {self.threads} thread(s)", "compiled" if self.compile else "eager"]
+        if self.allocator:
+            parts.append(Path(self.allocator).name.split(".so")[0])
+        return ", ".join(parts)
+
+    def environment(self, study_dir: Path) -> dict[str, str]:
+        """What a trainer of this layout gets on top of the study's environment."""
+        env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        if self.compile:
+            env[COMPILE_ENV] = "1"
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(study_dir / "engine" / "inductor")
+        if self.allocator:
+            env["LD_PRELOAD"] = " ".join(filter(None, [self.allocator, os.environ.get("LD_PRELOAD", "")]))
+        return env
+
+
+def eager_layout(jobs: int, cores: int) -> Layout:
+    """Today's path: `jobs` processes, the cores split between them."""
+    return Layout(max(1, jobs), max(1, cores // max(1, jobs)))
+
+
+def cpp_compiler() -> Optional[str]:
+    """The C++ compiler inductor's CPU backend would call, or None."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def installed_allocator() -> Optional[str]:
+    """A tcmalloc or jemalloc shared library on this machine, or None."""
+    folders = [sysconfig.get_config_var("LIBDIR") or "", os.path.join(sys.prefix, "lib"), "/usr/lib/x86_64-linux-gnu",
+               "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+    for pattern in ALLOCATOR_NAMES:
+        for folder in folders:
+            found = sorted(glob.glob(os.path.join(folder, pattern)))
+            if found:
+                return found[0]
+    return None
+
+
+def group_key(config) -> str:
+    """Runs that share this train at the same speed: model shape, sequence length, batch, precision."""
+    m, t = config.model, config.train
+    return (f"L{m.n_layer}-d{m.d_model}-h{m.n_head}-kv{m.n_kv_head}-ff{m.d_ff}-T{config.data.seq_len}"
+            f"-b{t.micro_batch}x{t.grad_accum}-{t.precision}")
+
+
+@dataclass
+class Probe:
+    wall_s: float  # the slowest of the probe's processes, start to exit (setup and compilation included)
+    step_s: float  # median step time after the warm-up steps
+
+
+def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps: int = PROBE_STEPS) -> Probe:
+    """Train `layout.processes` copies of the run at once for `steps` steps each."""
+    tree = json.loads(json.dumps(tree))
+    tree["train"].update(steps=steps, phases=[], eval_every=steps, eval_batches=1, checkpoint_every=steps, tensorboard=False, progress=False, checkpoint_steps=[])
+    for key in ("tokens", "init_from", "branch_from", "branch_step", "warmup_steps"):  # the run's own schedule
+        tree["train"].pop(key, None)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "probe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    env = {**os.environ, **layout.environment(study_dir)}
+    start = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, "-m", "ropelab", "train", "--config", str(folder / "probe.yaml"),
+                                   "--out", str(folder / f"p{i}"), "--no-progress"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE) for i in range(layout.processes)]
+    for process in processes:
+        _, stderr = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"engine probe ({layout.describe()}) failed: " + stderr.decode(errors="replace")[-800:])
+    wall = time.perf_counter() - start
+    steps = [statistics.median(1.0 / row["tokens_per_s"] for row in read_metrics(folder / f"p{i}")
+                               if row.get("step", 0) > WARMUP_STEPS and row.get("tokens_per_s"))
+             for i in range(layout.processes)]
+    tokens_per_step = tree["train"].get("micro_batch", 1) * tree["train"].get("grad_accum", 1) * tree["data"]["seq_len"]
+    shutil.rmtree(folder, ignore_errors=True)
+    return Probe(wall, statistics.fmean(steps) * tokens_per_step)
+
+
+def estimate_s(probe: Probe, layout: Layout, runs: int, steps: int, probe_steps: int = PROBE_STEPS) -> float:
+    """The group's estimated time: its rounds of `layout.processes` runs, each probe wall + remaining steps."""
+    per_run = probe.wall_s + max(0, steps - probe_steps) * probe.step_s
+    return math.ceil(runs / layout.processes) * per_run
+
+
+def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, study_dir: Path,
+                  measure: Callable[..., Probe] = run_probes, compiler: Optional[str] = "auto",
+                  allocator: Optional[str] = "auto", probe_steps: int = PROBE_STEPS) -> dict:
+    """Measure the candidates for one group (module docstring); the record of the choice."""
+    compiler = cpp_compiler() if compiler == "auto" else compiler
+    allocator = installed_allocator() if allocator == "auto" else allocator
+    measured = []
+
+    def trial(layout: Layout) -> float:
+        probe = measure(tree, layout, folder, study_dir)
+        seconds = estimate_s(probe, layout, runs, steps, probe_steps)
+        measured.append({**asdict(layout), "wall_s": round(probe.wall_s, 3), "step_s": round(probe.step_s, 6),
+                         "estimate_s": round(seconds, 2)})
+        return seconds
+
+    layouts = [Layout(1, cores)] + ([Layout(cores, 1)] if cores > 1 and runs > 1 else [])
+    best = min(layouts, key=trial)
+    notes = []
+    if compiler is None:
+        notes.append("no C++ compiler found: compiled steps not tried")
+    else:
+        compiled = Layout(best.processes, best.threads, compile=True)
+        if trial(compiled) < min(m["estimate_s"] for m in measured[:-1]):
+            best = compiled
+    if allocator is None:
+        notes.append("no tcmalloc or jemalloc installed: glibc malloc")
+    else:
+        with_allocator = Layout(best.processes, best.threads, best.compile, allocator)
+        if trial(with_allocator) < min(m["estimate_s"] for m in measured[:-1]):
+            best = with_allocator
+    return {"chosen": asdict(best), "measured": measured, "notes": notes, "runs": runs, "steps": steps,
+            "probe_steps": probe_steps}
+
+
+def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cores: int,
+           choose: Callable[..., dict] = choose_layout, echo: Callable[[str], None] = print) -> dict[str, Layout]:
+    """The layout of every group: the eager one, or (auto) measured now or read from DIR/engine.json."""
+    if engine == "eager":
+        return {key: eager_layout(jobs, cores) for key in groups}
+    path = study_dir / RECORD
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("cores") != cores:
+        record = {"engine": "auto", "cores": cores, "groups": {}}
+    layouts = {}
+    for key, runs in groups.items():
+        alone = [run for run in runs if not _refers(run)]
+        if key not in record["groups"]:
+            steps = max(resolve_phases(run.config)[-1].end for run in runs)
+            why_eager = ("every run of the group needs another run first: nothing to measure" if not alone else
+                         f"{steps * len(runs)} steps in all, too few to pay for measuring" if steps * len(runs) < MEASURED_FROM_STEPS
+                         else None)
+            if why_eager:
+                record["groups"][key] = {"chosen": asdict(eager_layout(jobs, cores)), "measured": [], "notes": [why_eager]}
+            else:
+                try:
+                    record["groups"][key] = choose(alone[0].config.to_dict(), len(runs), steps, cores,
+                                                   study_dir / "engine" / "probe", study_dir)
+                except RuntimeError as exc:  # a probe that cannot train says so; the runs themselves still can
+                    record["groups"][key] = {"chosen": asdict(eager_layout(jobs, cores)), "measured": [],
+                                             "notes": [f"eager: {' '.join(str(exc).split())[:300]}"]}
+            write_atomically(path, json.dumps(record, indent=2))
+        entry = record["groups"][key]
+        layouts[key] = Layout(**entry["chosen"])
+        figures = ", ".join(f"{Layout(**{k: m[k] for k in ('processes', 'threads', 'compile', 'allocator')}).describe()}"
+                            f" ~{m['estimate_s']:.0f} s" for m in entry["measured"])
+        echo(f"engine {key} ({len(runs)} runs): {layouts[key].describe()}" + (f" [measured: {figures}]" if figures else "")
+             + "".join(f"; {note}" for note in entry["notes"]))
+    return layouts
+
+
+def _refers(run) -> bool:
+    train = run.config.train
+    return any(isinstance(value, str) and value.startswith("@") for value in (train.init_from, train.branch_from)) \
+        or bool(getattr(run.config, "distill", None) and str(getattr(run.config.distill, "teacher", "") or "").startswith("@"))
+
+
+__all__ = ["COMPILE_ENV", "ENGINES", "Layout", "choose_layout", "cpp_compiler", "decide", "eager_layout", "group_key",
+           "installed_allocator"]
