@@ -63,23 +63,30 @@ def step_seconds(model_config: ModelConfig, micro_batch: int, seq_len: int, thre
         torch.set_num_threads(previous)
 
 
+def _teacher_shape(name: str, runs: list[PlannedRun]) -> ModelConfig:
+    """The teacher's model shape: a run of the study (``"@<run id>"``) or a source."""
+    if name.startswith("@"):
+        return shape_config(next(run for run in runs if run.id == name[1:]).config.model)
+    return shape_config(load_config(name)[0].model)  # outside the meta device: a first call imports the teacher
+
+
 def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: float) -> float:
-    """Seconds of the teacher's forward passes over the tokens it scores."""
-    kd = [run for run in runs if run.config.distill is not None and run.config.distill.teacher
-          and not run.config.distill.teacher.startswith("@")]
+    """Seconds of the teacher's forward passes over the tokens it scores (a teacher trained by the study,
+    ``"@<run id>"``, runs in every student that names it: no shared cache)."""
+    kd = [run for run in runs if run.config.distill is not None and run.config.distill.teacher]
     if not kd:
         return 0.0
     if study.teacher_cache:
         firsts: dict = {}
         for run_id, folder in shared_caches(kd, Path("study")).items():
             firsts.setdefault(folder, next(run for run in kd if run.id == run_id))
-        kd = list(firsts.values())
+        kd = [*firsts.values(), *(run for run in kd if run.config.distill.teacher.startswith("@"))]
     seconds = 0.0
     teachers: dict[str, Transformer] = {}
     for run in kd:
         name = run.config.distill.teacher
         if name not in teachers:
-            shape = shape_config(load_config(name)[0].model)  # outside the meta device: a first call imports the teacher
+            shape = _teacher_shape(name, runs)
             with torch.device("meta"):
                 teachers[name] = Transformer(shape)
         for count in phase_counts(run.config):
