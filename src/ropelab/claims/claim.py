@@ -37,6 +37,7 @@ class Claim:
     studies: tuple[str, ...]  # config stems under configs/claims/
     judge: Callable[[Mapping[str, Path]], Finding] = field(repr=False)  # {study stem: study folder} -> Finding
     seed_regime: str = ""  # the regime of the seed's own runs, beside the finding's
+    decides: bool = True  # False: a second, labelled setting, chosen by its id only (not by its seed's number)
 
     @property
     def seed_number(self) -> str:

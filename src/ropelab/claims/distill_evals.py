@@ -4,8 +4,10 @@ evaluations they add after training, each kept under ``<study>/claims/`` and ski
   probe-<run>/      `ropelab probe` on the run's phase-1 and phase-2 checkpoints, causal attention with
                     running positions and a document mask with restarting positions (`PROBE_MODES`),
                     plus the weight updates between the two (weights_<a>__<b>.json)
-  probe-teacher/    the same probe on the teacher, SmolLM2 itself
-  longctx-teacher/  the teacher's own passkey and RULER needle retrieval at the study's lengths
+  probe-teacher/    the same probe on the teacher (SmolLM2 itself, or the study's teacher run)
+  longctx-teacher/  the teacher's own passkey and RULER needle retrieval at the study's lengths, where
+                    the study's long-context evaluation has no entry of it
+  teacher-advantage.json  the teacher against a CE student (`ropelab.claims.teacher_advantage`)
 
 A run that did not finish gives NaN values, so that its group is inconclusive rather than silently
 smaller.
@@ -87,14 +89,19 @@ def retrieval_by_length(entry: dict, task: str, metric: str) -> dict[int, float]
     return {n: sum(c[metric] for c in cells if c["length"] == n) / sum(c["length"] == n for c in cells) for n in lengths}
 
 
-def teacher_longctx(study: StudyFolder, results: dict) -> dict:
-    """The teacher's own long-context entry on the study's retrieval tasks, lengths and depths (one item
-    per passkey cell, the study's items per RULER length), kept in ``claims/longctx-teacher``."""
+def teacher_longctx(study: StudyFolder, results: dict, source: str = TEACHER) -> dict:
+    """The teacher's own long-context entry on the study's retrieval tasks, lengths and depths: the
+    study's own entry for a teacher the study trained (a folder under its runs/), else evaluated (one
+    item per passkey cell, the study's items per RULER length) and kept in ``claims/longctx-teacher``."""
+    if Path(source).parent == study.path / "runs":
+        entry = next((e for e in results["runs"] if e["label"] == Path(source).name), None)
+        if entry is not None:
+            return entry
     folder = study.path / "claims" / "longctx-teacher"
     path = folder / "longctx.json"
     if not path.is_file():
         settings = results["settings"]
-        evaluate_longctx([TEACHER], folder, tasks=retrieval_tasks(settings), lengths=settings["lengths"],
+        evaluate_longctx([source], folder, tasks=retrieval_tasks(settings), lengths=settings["lengths"],
                          depths=settings["depths"], items=settings["items"], distractors=settings["distractors"],
                          loss_windows=0, seed=settings["seed"], progress=False)
     return json.loads(path.read_text())["runs"][0]
@@ -137,8 +144,8 @@ def probe_run(study: StudyFolder, run: Run, shape: tuple[int, int]) -> Path | No
     return _probe([str(checkpoints[phases[0]]), str(checkpoints[phases[-1]])], folder, *shape)
 
 
-def probe_teacher(study: StudyFolder, shape: tuple[int, int]) -> Path:
-    return _probe([TEACHER], study.path / "claims" / "probe-teacher", *shape)
+def probe_teacher(study: StudyFolder, shape: tuple[int, int], source: str = TEACHER) -> Path:
+    return _probe([source], study.path / "claims" / "probe-teacher", *shape)
 
 
 def probe_labels(folder: Path) -> list[str]:

@@ -34,12 +34,14 @@ CLAIMS: list[Claim] = [*PARTIAL_CLAIMS, *DISTILL_CLAIMS]
 
 def select(only: Optional[Sequence[str]] = None) -> list[Claim]:
     """The claims named in `only`, in table order: ids matched exactly, or a seed's number ("000", or
-    "0": any digits of the same value) for all of its claims; every claim when `only` is empty."""
+    "0": any digits of the same value) for the claims that decide it (a second, labelled setting is
+    chosen by its ids); every claim when `only` is empty."""
     if not only:
         return list(CLAIMS)
 
     def named(claim: Claim, name: str) -> bool:
-        return name == claim.id or (name.isascii() and name.isdigit() and int(name) == int(claim.seed_number))
+        return name == claim.id or (claim.decides and name.isascii() and name.isdigit()
+                                    and int(name) == int(claim.seed_number))
 
     for name in only:
         if not any(named(c, name) for c in CLAIMS):

@@ -22,8 +22,10 @@ measurements (so it is tested on made-up ones); `teacher_advantage` measures two
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -32,6 +34,7 @@ from ropelab import sources
 from ropelab.config import ConfigError
 from ropelab.evaluate.longctx import loss_by_position, position_windows, torch_device, validation_split
 from ropelab.evaluate.retrieval import RetrievalSettings, accuracy_at, passkey_retrieval
+from ropelab.files import write_atomically
 
 ADVANTAGE = "teacher has the advantage"
 INCONCLUSIVE = "inconclusive: the teacher knows no more than the student"
@@ -153,3 +156,16 @@ def teacher_advantage(teacher_run: str, student_run: str, short_window: Optional
     return {**result, "short_window": short, "length": length, "corpus": teacher_config.data.corpus,
             "teacher": {"run": str(teacher_run), **measured["teacher"]}, "student": {"run": str(student_run), **measured["student"]},
             "table": advantage_table(measured["teacher"], measured["student"])}
+
+
+def study_advantage(study: Path, teacher_run: Path, student_run: Path) -> dict:
+    """`teacher_advantage` of two runs of a study, kept in ``<study>/claims/teacher-advantage.json`` and
+    read from there when the claims are judged again."""
+    path = Path(study) / "claims" / "teacher-advantage.json"
+    if not path.is_file():
+        if not (Path(teacher_run) / "result.json").is_file() or not (Path(student_run) / "result.json").is_file():
+            raise ConfigError(f"teacher advantage: {teacher_run} or {student_run} has not finished training")
+        found = teacher_advantage(str(teacher_run), str(student_run))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps(found, indent=2))
+    return json.loads(path.read_text())
