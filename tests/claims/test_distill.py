@@ -103,6 +103,7 @@ def test_kd_beats_ce_on_both_losses_and_retrieval_or_not(tmp_path):
     assert f"{NIAH} (RULER string_match_all, %, by prompt length): SmolLM2 128: 100, 1024: 100; {KD} 128: 100, 1024: 80" \
         in found.note and "passkey (exact match, %, by prompt length): SmolLM2 128: 100" in found.note
     assert "initialised from smollm2-135m" in found.measured
+    assert found.note.startswith(f"Setting: {SMOLLM2.label} (a second setting: it decides no claim). ")
     assert found.regime == "students initialised from smollm2-135m, then 40,960 short + 40,960 long tokens"
     ce_better_beyond = judge("kd-beats-ce", write_runs(tmp_path / "b", LOSSES, TAILS | {CE: 6.0}, NEEDLE))
     assert ce_better_beyond.verdict.outcome == DOES_NOT_HOLD
