@@ -66,7 +66,8 @@ def step_seconds(model_config: ModelConfig, micro_batch: int, seq_len: int, thre
 def _teacher_shape(name: str, runs: list[PlannedRun]) -> ModelConfig:
     """The teacher's model shape: a run of the study (``"@<run id>"``) or a source."""
     if name.startswith("@"):
-        return shape_config(next(run for run in runs if run.id == name[1:]).config.model)
+        teacher = next(run for run in runs if run.id == name[1:])
+        return dataclasses.replace(shape_config(teacher.config.model), vocab_size=_vocab(teacher))
     return shape_config(load_config(name)[0].model)  # outside the meta device: a first call imports the teacher
 
 
