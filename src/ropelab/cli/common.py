@@ -17,7 +17,7 @@ overrides are dotted key=value pairs, values parsed as YAML, e.g.
   model.rope.style=slice|truncate   model.rope.layout=half|interleaved   model.rope.cache=table|none
   model.block=sequential|parallel   model.qk_norm=true   model.rope_layers={3: {fraction: 0}}
   data.seq_len=512   data.tokenizer=bytes|bpe:4096|smollm2-135m|<hf name or path>   data.positions=running|restart
-  data.corpus=stdlib|stdlib-prose|wiki-prose|<folder from `ropelab data prepare`>   data.pack=cross|whole   data.mask_boundary_labels=true
+  data.corpus=stdlib|stdlib-prose|wiki-prose|shakespeare|<folder from `ropelab data prepare`>   data.pack=cross|whole   data.mask_boundary_labels=true
   data.verify=once|always|sizes   attention.backend=auto|sdpa|dense|varlen|flex
   train.steps=200   train.micro_batch=8   train.grad_accum=2   train.lr=4e-4   train.precision=auto|bf16|fp32
   train.bf16_gemm=auto|native|fp32

@@ -13,13 +13,13 @@ from ropelab.train.stop import exit_code
 
 def _add_data_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True,
-                   help="stdlib, stdlib-prose or wiki-prose (-fr, -es) (built in); a .jsonl/.json/.parquet/.txt file or a folder of them "
+                   help="stdlib, stdlib-prose, wiki-prose (-fr, -es) or shakespeare (built in); a .jsonl/.json/.parquet/.txt file or a folder of them "
                         "(a .txt file is one document); "
                         "or a Hugging Face dataset: owner/name or hf:NAME (streamed)")
     p.add_argument("--hf-config", help="dataset config (subset) name, e.g. sample-100BT")
     p.add_argument("--split", default="train", help="dataset split to read (default: train)")
     p.add_argument("--text-field", default="text", help="field holding the text in json/parquet/dataset rows (default: text)")
-    p.add_argument("--tokenizer", required=True, help="bytes, bpe:<vocab> (trained on the built-in --source for wiki-prose, else on stdlib), a tokenizer.json, or an HF name, e.g. EleutherAI/pythia-1b")
+    p.add_argument("--tokenizer", required=True, help="bytes, bpe:<vocab> (trained on the built-in --source for wiki-prose and shakespeare, else on stdlib), a tokenizer.json, or an HF name, e.g. EleutherAI/pythia-1b")
     p.add_argument("--out", dest="out_dir", required=True, help="folder for the shards (new, or an unfinished one to resume)")
     p.add_argument("--val-percent", type=float, default=2.0, help="share of documents held out for validation, by a hash of their text (default 2)")
     p.add_argument("--max-documents", type=int, help="stop after this many source documents")

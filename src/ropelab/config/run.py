@@ -22,9 +22,10 @@ from ropelab.errors import ConfigError, quoted
 class DataConfig:
     """Where tokens come from and how they are packed into windows.
 
-    `corpus`: ``stdlib``, ``stdlib-prose`` or ``wiki-prose`` (the built-in corpora: standard-library
-    source, its docstrings and comments, or English Wikipedia lead sections, also ``wiki-prose-fr`` and
-    ``wiki-prose-es``; tokenized on first use) or a folder written by ``ropelab data prepare``
+    `corpus`: ``stdlib``, ``stdlib-prose``, ``wiki-prose`` or ``shakespeare`` (the built-in corpora:
+    standard-library source, its docstrings and comments, English Wikipedia lead sections, also
+    ``wiki-prose-fr`` and ``wiki-prose-es``, or Shakespeare's plays, one long document each; tokenized on
+    first use) or a folder written by ``ropelab data prepare``
     (its own validation split; `val_percent` applies to the built-in corpora only).
     `pack`: ``cross`` cuts the token stream every `seq_len` tokens, documents running across
     window edges; ``whole`` keeps documents whole, padding the rest of a window (no loss on
@@ -40,7 +41,7 @@ class DataConfig:
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
 
-    corpus: str = "stdlib"  # "stdlib", "stdlib-prose", "wiki-prose", or a prepared shard folder
+    corpus: str = "stdlib"  # "stdlib", "stdlib-prose", "wiki-prose", "shakespeare", or a prepared shard folder
     tokenizer: str = "bytes"  # "bytes", "bpe:<vocab>", or an HF tokenizer name / path
     seq_len: int = 256
     positions: Literal["running", "restart"] = "running"  # restart: position ids reset at each document
