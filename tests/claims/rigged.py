@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ropelab.claims.paths import CLAIMS_CONFIGS
 from ropelab.config import build_run_config
+from ropelab.study.grid import expand, load_study
 
 CONFIG = dataclasses.asdict(build_run_config({"preset": "tiny-llama"}))
 
@@ -55,3 +57,13 @@ def write_frontier_study(folder: Path, shifts: dict, params=(50_000, 100_000), b
                     (run / "result.json").write_text(json.dumps({"steps": 10, "final_val_loss": loss, "tokens": tokens}))
     (folder / "study.yaml").write_text(yaml.safe_dump({"name": folder.name, "runs": {}, "frontier": record}))
     return folder
+
+
+def shipped_runs(study: Path, stem: str):
+    """Each run of the shipped claims study `stem` with its folder and config.yaml written, as
+    (run, folder, variant, shift): seed N shifts the made-up figures by 0.01 N."""
+    for run in expand(load_study(CLAIMS_CONFIGS / f"{stem}.yaml")):
+        folder = study / "runs" / run.id
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(run.config.to_yaml())
+        yield run, folder, run.id.rsplit("-seed", 1)[0], 0.01 * run.config.seed

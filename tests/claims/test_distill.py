@@ -18,6 +18,7 @@ from ropelab.claims.paths import CLAIMS_CONFIGS
 from ropelab.claims.study_folder import StudyFolder
 from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS
 from ropelab.study.grid import expand, load_study
+from tests.claims.rigged import shipped_runs
 
 STUDY, KD, CE, CONSTANT = SMOLLM2.study, SMOLLM2.kd, SMOLLM2.ce, SMOLLM2.constant
 CLAIMS = {claim.id.removeprefix("smollm2-"): claim for claim in DISTILL_CLAIMS if claim.studies == (STUDY,)}
@@ -40,11 +41,7 @@ def write_runs(study: Path, val_loss: dict[str, float], tail: dict[str, float], 
     higher (its needle score 0.1 lower)."""
     needle = needle or {variant: 50.0 for variant in val_loss}
     entries = []
-    for run in expand(load_study(CLAIMS_CONFIGS / f"{STUDY}.yaml")):
-        folder = study / "runs" / run.id
-        folder.mkdir(parents=True)
-        (folder / "config.yaml").write_text(run.config.to_yaml())
-        variant, shift = run.id.rsplit("-seed", 1)[0], 0.01 * run.config.seed
+    for run, folder, variant, shift in shipped_runs(study, STUDY):
         write_json(folder / "result.json", {"steps": 40, "final_val_loss": val_loss[variant] + shift})
         losses = [9.0 if p < 128 else tail[variant] + shift for p in POSITIONS]
         found = {n: 100.0 if n <= 128 else needle[variant] - 10 * shift for n in (128, 1024)}

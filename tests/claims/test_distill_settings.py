@@ -12,11 +12,10 @@ import pytest
 
 from ropelab.claims import teacher_advantage
 from ropelab.claims.distill import DISTILL_CLAIMS, NO_ADVANTAGE, SCRATCH, SMOLLM2
-from ropelab.claims.paths import CLAIMS_CONFIGS
 from ropelab.claims.runner import select
 from ropelab.claims.verdict import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE
 from ropelab.config import ConfigError
-from ropelab.study.grid import expand, load_study
+from tests.claims.rigged import shipped_runs
 
 SCRATCH_CLAIMS = {claim.id: claim for claim in DISTILL_CLAIMS if claim.studies == (SCRATCH.study,)}
 STARTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]  # loss-by-position buckets over 1,024 bytes
@@ -33,11 +32,7 @@ def scratch_study(root: Path, tail: dict[str, float], passkey: dict[str, float])
     per variant (and the teacher) a loss of `tail` from position 128 on and a passkey exact match of
     `passkey` beyond 128; seed 1 adds 0.01 to the loss and takes 0.01 off the passkey."""
     entries = []
-    for run in expand(load_study(CLAIMS_CONFIGS / f"{SCRATCH.study}.yaml")):
-        folder = root / "runs" / run.id
-        folder.mkdir(parents=True)
-        (folder / "config.yaml").write_text(run.config.to_yaml())
-        variant, shift = run.id.rsplit("-seed", 1)[0], 0.01 * run.config.seed
+    for run, folder, variant, shift in shipped_runs(root, SCRATCH.study):
         dump(folder / "result.json", {"steps": 640, "final_val_loss": tail[variant] - 0.5 + shift})
         cells = [{"length": n, "depth": 0.5, "exact_match": 1.0 if n <= 128 else passkey[variant] - shift} for n in LENGTHS]
         entries.append({"label": run.id, "tasks": {"passkey": {"cells": cells}},
