@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from ropelab.claims import distill_evals
 from ropelab.claims.distill import DISTILL_CLAIMS, SETTINGS, SMOLLM2
