@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from ropelab.claims import distill_evals
 from ropelab.claims.distill import DISTILL_CLAIMS, SETTINGS, SMOLLM2
 from ropelab.claims.distill_evals import CAUSAL, DOC, PROBE_MODES, TEACHER
