@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -16,11 +15,9 @@ from ropelab.data.wiki import PACKAGE
 from ropelab.evaluate.lambada_wiki import (CONTEXT_CHARS, CORPUS, COUNT, STOP_WORDS, article_items, main, sample_items,
                                            sentence_starts)
 from ropelab.evaluate.task_generators import LastWordItem, corpus_split
+from tests.evaluate.local_tasks import SHIPPED, load_shipped_task
 
 needs_wiki = pytest.mark.skipif(importlib.util.find_spec(PACKAGE) is None, reason="wiki-prose needs the prose extra")
-
-ROOT = Path(__file__).resolve().parents[2]
-TASKS = ROOT / "configs" / "eval"
 
 ARTICLE = ("The river Elbe rises in the Giant Mountains. Dr. J. R. Smith mapped the Elbe's delta and the river's "
            "mouth for the U.S. Navy. Boats on the river carry coal to the sea. The coal comes from the mountains.")
@@ -60,7 +57,7 @@ def split():
 def test_shipped_items_follow_the_rule(split):
     validation, training = split
     articles = dict(validation)
-    items = [json.loads(line) for line in (TASKS / "lambada_wiki.jsonl").read_text().splitlines()]
+    items = [json.loads(line) for line in (SHIPPED / "lambada_wiki.jsonl").read_text().splitlines()]
     assert len(items) == COUNT and len({(item["context"], item["target"]) for item in items}) == COUNT
     assert all(set(item) == {"context", "target", "source"} for item in items)
     for item in items:
@@ -79,7 +76,7 @@ def test_shipped_items_follow_the_rule(split):
 @needs_wiki
 def test_generator_reproduces_the_shipped_file(tmp_path, capsys, split):
     main(["--out", str(tmp_path / "task.jsonl")])
-    assert (tmp_path / "task.jsonl").read_text() == (TASKS / "lambada_wiki.jsonl").read_text()
+    assert (tmp_path / "task.jsonl").read_text() == (SHIPPED / "lambada_wiki.jsonl").read_text()
     assert f"{COUNT} items from" in capsys.readouterr().out
     validation, _ = split
     items = sample_items(validation, 40, seed=1)
@@ -89,14 +86,7 @@ def test_generator_reproduces_the_shipped_file(tmp_path, capsys, split):
 
 
 def test_lm_eval_loads_the_task(monkeypatch):
-    pytest.importorskip("lm_eval")
-    from ropelab.evaluate.lm_eval_tasks import load_tasks
-
-    monkeypatch.chdir(ROOT)  # the task's data_files path is relative to the checkout
-    _, loaded = load_tasks(["lambada_wiki"], include_path=str(TASKS))
-    task = loaded["lambada_wiki"]["tasks"]["lambada_wiki"]
-    docs = list(task.test_docs())
+    task, docs, rows = load_shipped_task("lambada_wiki", monkeypatch)
     assert len(docs) == COUNT and task.config.target_delimiter == "" and task.OUTPUT_TYPE == "loglikelihood"
     assert {metric["metric"] for metric in task.config.metric_list} == {"acc", "perplexity"}
-    first = json.loads((TASKS / "lambada_wiki.jsonl").read_text().splitlines()[0])
-    assert task.construct_requests(docs[0], task.doc_to_text(docs[0])).args == (first["context"], first["target"])
+    assert task.construct_requests(docs[0], task.doc_to_text(docs[0])).args == (rows[0]["context"], rows[0]["target"])

@@ -13,6 +13,7 @@ import pytest
 from ropelab.data.corpus import stdlib_root, stdlib_text
 from ropelab.evaluate.nextline_stdlib import CHOICES, CONTEXT_CHARS, COUNT, Item, Passage, file_passages, main, sample_items
 from ropelab.evaluate.task_generators import corpus_split
+from tests.evaluate.local_tasks import load_shipped_task
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "configs" / "eval"
@@ -103,15 +104,9 @@ def test_generator_writes_the_items(tmp_path, capsys):
 
 
 def test_lm_eval_loads_the_task(monkeypatch):
-    pytest.importorskip("lm_eval")
-    from ropelab.evaluate.lm_eval_tasks import load_tasks
-
-    monkeypatch.chdir(ROOT)  # the task's data_files path is relative to the checkout
-    _, loaded = load_tasks(["nextline_stdlib"], include_path=str(TASKS))
-    task = loaded["nextline_stdlib"]["tasks"]["nextline_stdlib"]
-    docs = list(task.test_docs())
+    task, docs, rows = load_shipped_task("nextline_stdlib", monkeypatch)
     assert len(docs) == COUNT and task.config.target_delimiter == "" and task.OUTPUT_TYPE == "multiple_choice"
-    first = json.loads((TASKS / "nextline_stdlib.jsonl").read_text().splitlines()[0])
+    first = rows[0]
     assert task.doc_to_text(docs[0]) == first["context"] and task.doc_to_choice(docs[0]) == first["choices"]
     assert task.doc_to_target(docs[0]) == first["label"]
     requests = task.construct_requests(docs[0], task.doc_to_text(docs[0]))
