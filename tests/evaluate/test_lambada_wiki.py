@@ -38,7 +38,8 @@ def test_rule_on_a_small_article():
         LastWordItem(head + " Boats on the river carry coal to the sea. The coal comes from the", " mountains", "Elbe:4"),
     ]  # "Mountains" counts for " mountains" (case is ignored); the second "the" is a stop word
     # in 60 characters only the third sentence fits before "coal"; "Mountains" and "river" are further back
-    assert article_items("Elbe", ARTICLE, context_chars=60) == [LastWordItem("Boats on the river carry coal to the sea. The", " coal", "Elbe:4")]
+    third = "Boats on the river carry coal to the sea. The"  # 45 characters
+    assert article_items("Elbe", ARTICLE, context_chars=60) == [LastWordItem(third, " coal", "Elbe:4")]
     assert article_items("Elbe", ARTICLE, context_chars=44) == []
     assert article_items("Elbe", "A word and a word.") == []  # the last sentence alone gives it away
     assert article_items("Elbe", "The word Sea. Sea water.") == []  # a sentence's first word is never a target
@@ -67,7 +68,8 @@ def test_shipped_items_follow_the_rule(split):
         assert item["target"] == " " + word and word.isalpha() and len(word) >= 3 and word.lower() not in STOP_WORDS
         start = text.index(item["context"] + item["target"])
         assert start == 0 or text[start - 2] in ".!?\"')" or text[start - 1] == "\n"  # whole sentences
-        assert len(item["context"]) <= CONTEXT_CHARS and not re.match(r"\w", text[start + len(item["context"]) + len(item["target"]):])
+        after = text[start + len(item["context"]) + len(item["target"]):]
+        assert len(item["context"]) <= CONTEXT_CHARS and not re.match(r"\w", after)  # the target is a whole word
         last = sentence_starts(text)[int(sentence) - 1] - start  # where the passage's last sentence begins
         assert 0 < last < len(item["context"]), item
         assert _word(word, item["context"][:last]) and not _word(word, item["context"][last:]), item
