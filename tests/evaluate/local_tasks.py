@@ -1,8 +1,13 @@
 """Local lm-evaluation-harness tasks for the tests: one YAML template per kind of task, written with
-their rows into a folder the harness includes."""
+their rows into a folder the harness includes; and the tasks shipped in configs/eval, loaded as
+ropelab loads them."""
 
 import json
 from pathlib import Path
+
+import pytest
+
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "eval"
 
 TEMPLATES = {
     "mc": """task: {name}
@@ -62,3 +67,16 @@ def write_tasks(root: Path, tasks: dict[str, tuple[str, list[dict]]]) -> Path:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         (root / f"{name}.yaml").write_text(TEMPLATES[kind].format(name=name, data=json.dumps(str(data))))
     return root
+
+
+def load_shipped_task(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """(the harness's task, its docs, the rows of its jsonl file) of a task of configs/eval, loaded
+    through ropelab's lm-eval task loading from the checkout (the data_files path is relative to it)."""
+    pytest.importorskip("lm_eval")
+    from ropelab.evaluate.lm_eval_tasks import load_tasks
+
+    monkeypatch.chdir(SHIPPED.parents[1])
+    _, loaded = load_tasks([name], include_path=str(SHIPPED))
+    task = loaded[name]["tasks"][name]
+    rows = [json.loads(line) for line in (SHIPPED / f"{name}.jsonl").read_text().splitlines()]
+    return task, list(task.test_docs()), rows

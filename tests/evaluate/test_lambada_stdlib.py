@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ropelab.data.corpus import in_validation, stdlib_entries, stdlib_text
-from ropelab.evaluate.lambada_stdlib import CONTEXT_CHARS, COUNT, Item, file_items, is_target_name, main, sample_items
+from ropelab.evaluate.lambada_stdlib import CONTEXT_CHARS, COUNT, file_items, is_target_name, main, sample_items
+from ropelab.evaluate.task_generators import LastWordItem
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "configs" / "eval"
@@ -28,11 +29,11 @@ SOURCE = '''def area(width, height):
 def test_rule_on_a_small_file():
     head = SOURCE.split("\n    product")[0] + "\n"
     assert file_items("m.py", SOURCE) == [
-        Item(head + "    product =", " width", "m.py:3"),
-        Item(head + "    product = width *", " height", "m.py:3"),
-        Item(head + "    product = width * height\n    size = len(self.sizes) +", " product", "m.py:4"),
+        LastWordItem(head + "    product =", " width", "m.py:3"),
+        LastWordItem(head + "    product = width *", " height", "m.py:3"),
+        LastWordItem(head + "    product = width * height\n    size = len(self.sizes) +", " product", "m.py:4"),
         # the second product of line 4 is in its own line already; len and self are builtin; ab is too short
-        Item(SOURCE.rsplit(" product,", 1)[0], " product", "m.py:5"),
+        LastWordItem(SOURCE.rsplit(" product,", 1)[0], " product", "m.py:5"),
     ]
     assert file_items("m.py", SOURCE, context_chars=20) == []  # no earlier line fits in 20 characters
     assert file_items("m.py", SOURCE + "def broken(:\n    '''") == []
@@ -59,7 +60,7 @@ def test_shipped_items_follow_the_rule():
 
 def test_generator_is_deterministic_for_a_seed(tmp_path):
     main(["--out", str(tmp_path / "task.jsonl"), "--count", "40"])
-    written = [Item(**json.loads(line)) for line in (tmp_path / "task.jsonl").read_text().splitlines()]
+    written = [LastWordItem(**json.loads(line)) for line in (tmp_path / "task.jsonl").read_text().splitlines()]
     entries = [(key, stdlib_text(path)) for key, path in stdlib_entries() if in_validation(key, 2.0)]
     seen = "\n".join(stdlib_text(path) for key, path in stdlib_entries() if not in_validation(key, 2.0))
     assert sample_items(entries, seen, 40, seed=0) == written and len(written) == 40

@@ -12,7 +12,8 @@ import pytest
 
 from ropelab.data.corpus import stdlib_root, stdlib_text
 from ropelab.evaluate.nextline_stdlib import CHOICES, CONTEXT_CHARS, COUNT, Item, Passage, file_passages, main, sample_items
-from ropelab.evaluate.stdlib_tasks import stdlib_split
+from ropelab.evaluate.task_generators import corpus_split
+from tests.evaluate.local_tasks import load_shipped_task
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "configs" / "eval"
@@ -83,7 +84,7 @@ def test_shipped_items_are_in_the_schema_and_true_to_the_stdlib():
     for row in rows:  # distractors: true lines of other files' items
         assert all(files[choice] != row["source"].split(":")[0] for choice in row["choices"] if choice != row["choices"][row["label"]])
     if sys.version_info[:2] == (3, 11):  # the Python whose stdlib the shipped items come from
-        documents, training = stdlib_split()
+        documents, training = corpus_split("stdlib")
         seen = {line.strip() for text in training for line in text.split("\n")}
         for row in rows:
             path, line = row["source"].rsplit(":", 1)
@@ -98,20 +99,14 @@ def test_generator_writes_the_items(tmp_path, capsys):
     main(["--out", str(tmp_path / "task.jsonl"), "--count", "40", "--seed", "1"])
     written = [Item(**json.loads(line)) for line in (tmp_path / "task.jsonl").read_text().splitlines()]
     assert len(written) == 40 and "40 items from" in capsys.readouterr().out
-    documents, training = stdlib_split()
+    documents, training = corpus_split("stdlib")
     assert written == sample_items(documents, {line.strip() for text in training for line in text.split("\n")}, 40, seed=1)
 
 
 def test_lm_eval_loads_the_task(monkeypatch):
-    pytest.importorskip("lm_eval")
-    from ropelab.evaluate.lm_eval_tasks import load_tasks
-
-    monkeypatch.chdir(ROOT)  # the task's data_files path is relative to the checkout
-    _, loaded = load_tasks(["nextline_stdlib"], include_path=str(TASKS))
-    task = loaded["nextline_stdlib"]["tasks"]["nextline_stdlib"]
-    docs = list(task.test_docs())
+    task, docs, rows = load_shipped_task("nextline_stdlib", monkeypatch)
     assert len(docs) == COUNT and task.config.target_delimiter == "" and task.OUTPUT_TYPE == "multiple_choice"
-    first = json.loads((TASKS / "nextline_stdlib.jsonl").read_text().splitlines()[0])
+    first = rows[0]
     assert task.doc_to_text(docs[0]) == first["context"] and task.doc_to_choice(docs[0]) == first["choices"]
     assert task.doc_to_target(docs[0]) == first["label"]
     requests = task.construct_requests(docs[0], task.doc_to_text(docs[0]))

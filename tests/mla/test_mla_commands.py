@@ -35,10 +35,11 @@ def test_recovery_by_kd_from_the_source_trains_the_latent(run, mla_folder, tmp_p
 
 def test_long_context_evaluation_runs_on_the_latent(mla_folder, tmp_path):
     out, _ = mla_folder
-    results = evaluate_longctx([out], tmp_path / "l", tasks=["passkey"], lengths=[160], depths=[0.0], items=1,
-                               distractors=2, loss_length=32, loss_windows=2, progress=False)
+    results = evaluate_longctx([out], tmp_path / "l", tasks=["passkey", "niah_single_1"], lengths=[512], depths=[0.0],
+                               items=1, distractors=2, loss_length=32, loss_windows=2, progress=False)
     entry = results["runs"][0]
     assert len(entry["tasks"]["passkey"]["cells"]) == 1 and entry["loss_by_position"]["buckets"]
+    assert len(entry["tasks"]["niah_single_1"]["cells"]) == 1  # greedy generation from the prompt's latent cache
 
 
 def test_the_probe_and_its_weight_updates_read_the_latent_keys(run, mla_folder, tmp_path):

@@ -30,25 +30,16 @@ import builtins
 import io
 import keyword
 import random
-import re
 import tokenize
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from ropelab.evaluate.stdlib_tasks import COUNT, SEED, generator_main, sample_in_turn, stdlib_split
+from ropelab.evaluate.task_generators import COUNT, SEED, LastWordItem, corpus_split, generator_main, has_word, sample_in_turn
 
 CONTEXT_CHARS = 200
 MIN_TARGET_CHARS = 3
 TASK_FILE = Path("configs/eval/lambada_stdlib.jsonl")
 TRIVIAL = frozenset(dir(builtins)) | {"self", "cls"}
-
-
-@dataclass(frozen=True)
-class Item:
-    context: str
-    target: str
-    source: str  # "path:line" of the target
 
 
 def is_target_name(name: str) -> bool:
@@ -57,11 +48,7 @@ def is_target_name(name: str) -> bool:
             and not keyword.iskeyword(name) and not keyword.issoftkeyword(name))
 
 
-def _has_word(word: str, text: str) -> bool:
-    return re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) is not None
-
-
-def file_items(key: str, source: str, context_chars: int = CONTEXT_CHARS) -> list[Item]:
+def file_items(key: str, source: str, context_chars: int = CONTEXT_CHARS) -> list[LastWordItem]:
     """Every item the rule allows in one file, in source order (none when the file does not tokenize)."""
     lines = io.StringIO(source).readlines()
     starts = [0]
@@ -77,24 +64,24 @@ def file_items(key: str, source: str, context_chars: int = CONTEXT_CHARS) -> lis
         if token.type != tokenize.NAME or not is_target_name(name):
             continue
         last_line = lines[row - 1][:col]
-        if not last_line.strip() or _has_word(name, last_line):
+        if not last_line.strip() or has_word(name, last_line):
             continue
         offset = starts[row - 1] + col
         first = next((r for r in range(row) if starts[r] >= offset - context_chars), row - 1)  # 0-based first line of the passage
-        if first >= row - 1 or not _has_word(name, source[starts[first]:starts[row - 1]]):
+        if first >= row - 1 or not has_word(name, source[starts[first]:starts[row - 1]]):
             continue
         context = source[starts[first]:offset]
         kept = context.rstrip(" \t")
-        items.append(Item(kept, context[len(kept):] + name, f"{key}:{row}"))
+        items.append(LastWordItem(kept, context[len(kept):] + name, f"{key}:{row}"))
     return items
 
 
-def last_line(item: Item) -> str:
+def last_line(item: LastWordItem) -> str:
     """The passage's last line up to and including the target, indentation left off."""
     return (item.context.rsplit("\n", 1)[-1] + item.target).lstrip()
 
 
-def sample_items(documents: Iterable[tuple[str, str]], seen: str, count: int = COUNT, seed: int = SEED) -> list[Item]:
+def sample_items(documents: Iterable[tuple[str, str]], seen: str, count: int = COUNT, seed: int = SEED) -> list[LastWordItem]:
     """`count` items (fewer if the documents hold fewer) from (key, source text) documents, whose last
     line is not in `seen` (the training text), drawn from each document in turn after a shuffle by
     `seed`; listed in document and line order."""
@@ -102,9 +89,9 @@ def sample_items(documents: Iterable[tuple[str, str]], seen: str, count: int = C
     return sample_in_turn(pools, lambda item: last_line(item) not in seen, count, random.Random(seed))
 
 
-def stdlib_items(count: int = COUNT, seed: int = SEED, val_percent: float = 2.0) -> list[Item]:
+def stdlib_items(count: int = COUNT, seed: int = SEED, val_percent: float = 2.0) -> list[LastWordItem]:
     """The task's items from the validation files of the running Python's standard library."""
-    documents, training = stdlib_split(val_percent)
+    documents, training = corpus_split("stdlib", val_percent)
     return sample_items(documents, "\n".join(training), count, seed)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Container, Iterable, Optional, Sequence
 
-from ropelab.evaluate.stdlib_tasks import COUNT, SEED, generator_main, sample_in_turn, stdlib_split
+from ropelab.evaluate.task_generators import COUNT, SEED, corpus_split, generator_main, sample_in_turn
 
 CONTEXT_CHARS = 200
 MIN_LINE_CHARS = 8
@@ -108,7 +108,7 @@ def sample_items(documents: Iterable[tuple[str, str]], seen: Container[str], cou
 
 def stdlib_items(count: int = COUNT, seed: int = SEED, val_percent: float = 2.0) -> list[Item]:
     """The task's items from the validation files of the running Python's standard library."""
-    documents, training = stdlib_split(val_percent)
+    documents, training = corpus_split("stdlib", val_percent)
     seen = {line.strip() for text in training for line in text.split("\n")}
     return sample_items(documents, seen, count, seed)
 
