@@ -41,13 +41,14 @@ def test_a_run_another_process_starts_after_the_study_looked_is_left_alone(tmp_p
     out, taken = tmp_path / "study", []
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"name": "t", "base": BASE, "variants": TWO_RUNS}))
-    decided = runner.write_shared_caches  # called right after the study has read every run's status
+    decided = runner.decide  # the engine's layouts: chosen right after the study has read every run's status
 
-    def then_another_trainer_starts(*args):
-        decided(*args)
+    def then_another_trainer_starts(*args, **kwargs):
+        layouts = decided(*args, **kwargs)
         taken.append(started_elsewhere(out / "runs" / "b"))
+        return layouts
 
-    monkeypatch.setattr(runner, "write_shared_caches", then_another_trainer_starts)
+    monkeypatch.setattr(runner, "decide", then_another_trainer_starts)
     try:
         assert main(["study", "--config", str(config), "--out", str(out), "--no-live", "--jobs", "1"]) == EX_TEMPFAIL
     finally:

@@ -72,8 +72,8 @@ def _teacher_shape(name: str, runs: list[PlannedRun]) -> ModelConfig:
 
 
 def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: float) -> float:
-    """Seconds of the teacher's forward passes over the tokens it scores (a teacher trained by the study,
-    ``"@<run id>"``, runs in every student that names it: no shared cache)."""
+    """Seconds of the teacher's forward passes over the tokens it scores: once per shared cache with
+    ``teacher_cache``, else in every student that names it."""
     kd = [run for run in runs if run.config.distill is not None and run.config.distill.teacher]
     if not kd:
         return 0.0
@@ -81,7 +81,7 @@ def _teacher_seconds(study: StudyConfig, runs: list[PlannedRun], flop_rate: floa
         firsts: dict = {}
         for run_id, folder in shared_caches(kd, Path("study")).items():
             firsts.setdefault(folder, next(run for run in kd if run.id == run_id))
-        kd = [*firsts.values(), *(run for run in kd if run.config.distill.teacher.startswith("@"))]
+        kd = list(firsts.values())
     seconds = 0.0
     teachers: dict[str, Transformer] = {}
     for run in kd:

@@ -6,7 +6,8 @@ are skipped, unfinished ones resume from their last checkpoint, failed ones get
 ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
 student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
-the KD runs that share a teacher and their batches read one cache of its targets, written first.
+the KD runs that share a teacher and their batches read one cache of its targets, written before the
+first of them starts (a teacher of the study: once it is done).
 SIGTERM, SIGUSR1 or Ctrl-C to the study goes on to its running trainers, which save a checkpoint
 and stop (`ropelab.train.stop`); the study waits for them, marks them interrupted and raises
 `StoppedBySignal`: the same command again continues every run.
@@ -34,11 +35,12 @@ import yaml
 
 from ropelab.config import ConfigError, build_run_config
 from ropelab.files import refuse_links_out, write_atomically
+from ropelab.sources.init import run_config
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
 from ropelab.study.engine import Layout, decide, group_key
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
-from ropelab.study.teacher_cache import shared_caches, write_shared_caches
+from ropelab.study.teacher_cache import shared_caches, write_shared_cache
 from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.lock import RunLock, RunLocked, is_locked
 from ropelab.train.metrics import read_metrics
@@ -94,6 +96,30 @@ def initial_status(directory: Path) -> str:
     return "queued"
 
 
+def resolved_tree(run: PlannedRun, study_dir: Path) -> dict:
+    """The run's config as a dict, each ``"@<run id>"`` replaced by that run's folder."""
+    targets = {target: str(run_dir(study_dir, target)) for _, target in references(run.config)}
+    return resolve_references(run.config, targets)
+
+
+def _write_cache(state: RunState, study_dir: Path, caches: dict[str, Path]) -> bool:
+    """The teacher targets of the run's group, written before its first run starts (the loop waits for
+    them; trainers already running go on). A teacher that cannot give them fails the run, with the
+    reason in its error.txt; the study goes on."""
+    config = state.run.config
+    try:
+        if references(config):
+            config = run_config(resolved_tree(state.run, study_dir))
+        write_shared_cache(state.run.id, config, caches)
+    except (ConfigError, RuntimeError, OSError) as exc:
+        directory = run_dir(study_dir, state.run.id)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "error.txt").write_text(f"teacher targets: {exc}\n")
+        state.status = "failed"
+        return False
+    return True
+
+
 def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[str]:
     base = [sys.executable, "-m", "ropelab", "train", "--out", str(directory), "--no-progress"]
     if latest_checkpoint(directory) is not None:
@@ -104,8 +130,7 @@ def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[st
     study_dir = directory.parent.parent
     plan = study_dir / "plan" / f"{state.run.id}.yaml"
     plan.parent.mkdir(parents=True, exist_ok=True)
-    targets = {target: str(run_dir(study_dir, target)) for _, target in references(state.run.config)}
-    tree = resolve_references(state.run.config, targets)
+    tree = resolved_tree(state.run, study_dir)
     if cache is not None:  # the study's shared teacher targets (`ropelab.study.teacher_cache`)
         tree["distill"]["logits_cache"] = str(cache)
     plan.write_text(yaml.safe_dump(tree, sort_keys=False))
@@ -195,7 +220,6 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
     record_study(study_dir, study, runs)
     states = [RunState(r, initial_status(run_dir(study_dir, r.id))) for r in runs]
     caches = shared_caches(runs, study_dir) if study.teacher_cache else {}
-    write_shared_caches(runs, caches, {s.run.id for s in states if s.status == "queued"})
     jobs, cores = max(1, jobs), os.cpu_count() or 1
     queued = [s for s in states if s.status == "queued"]
     groups: dict[str, list[PlannedRun]] = {}
@@ -226,6 +250,8 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
                 if s.status == "queued" and any(n in ("failed", "skipped", "elsewhere", "interrupted") for n in needs):
                     s.status = "skipped"
                 elif s.status == "queued" and all(n == "done" for n in needs):
+                    if s.run.id in caches and not _write_cache(s, study_dir, caches):
+                        continue
                     _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id))
             running = sum(s.status == "running" for s in states)
             if display is not None:
