@@ -50,14 +50,17 @@ def claims_tree(layers: int, position: list[str], seed: int, steps: int) -> dict
     return build_run_config(base, overrides=overrides).to_dict()
 
 
-def equality(steps: int, folder: Path) -> list[dict]:
+def equality(steps: int, folder: Path, positions=tuple(POSITIONS)) -> list[dict]:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
     rows = []
     for name, position in POSITIONS.items():
+        if name not in positions:
+            continue
         for seed in (0, 1):
             curves = {}
             for compiled in ("0", "1"):
                 os.environ[COMPILE_ENV] = compiled
+                torch._dynamo.reset()  # each run compiles afresh, as in its own process (else dynamo's recompile limit falls back to eager)
                 run = folder / f"{name}-{seed}-{compiled}"
                 result = train(build_run_config(claims_tree(1, position, seed, steps)), run)
                 curves[compiled] = ([r["loss"] for r in read_metrics(run) if "loss" in r], result.final_val_loss)
@@ -138,6 +141,8 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["equality", "speed", "profile"])
     parser.add_argument("--steps", type=int, default=50, help="steps of each equality run and of each speed probe")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3], help="layers of the speed part's sizes")
+    parser.add_argument("--positions", nargs="+", default=list(POSITIONS), choices=list(POSITIONS),
+                        help="position encodings of the equality part")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     figures = {"machine": machine.describe(), "sgemm_gflops": sgemm_gflops(cores)}
@@ -146,7 +151,7 @@ def main() -> None:
         if "equality" in args.parts:
             print(f"\ncompiled vs eager, fp32, {args.steps} steps, 1 layer")
             print(f"{'position':<9}{'seed':>5}{'max rel loss diff':>19}{'val eager':>11}{'val compiled':>14}{'val diff':>10}")
-            figures["equality"] = equality(args.steps, Path(folder) / "equality")
+            figures["equality"] = equality(args.steps, Path(folder) / "equality", args.positions)
         if "speed" in args.parts:
             figures["speed"] = [speed(layers, args.steps, Path(folder) / "speed", cores) for layers in args.sizes]
             for s in figures["speed"]:
