@@ -96,8 +96,8 @@ def seed_scale_gap(points: Sequence[Point], resamples: int = DEFAULT_RESAMPLES) 
 
 
 def _judge_rq1(studies: Mapping[str, Path]) -> Finding:
-    finding = _frontier_bands(SCALING, RQ1_BANDS, f"1, 2 and 3 layers of d_model 64 (one head of 64) on {ENGLISH}, "
-                              "256 bytes per window")(studies)
+    finding = _frontier_bands(SCALING, RQ1_BANDS, f"1-3 layers of d_model 32 and of d_model 64 (one head of 64 "
+                              f"channels) on {ENGLISH}, 256 bytes per window")(studies)
     extrapolation = seed_scale_gap(fit_points(StudyFolder(studies[SCALING]).frontier_points))
     return dataclasses.replace(finding, note=f"{finding.note} {extrapolation}".strip())
 
@@ -168,12 +168,14 @@ def _judge_rq5(studies: Mapping[str, Path]) -> Finding:
     parts.append((f"the RoPE variants more spread at {large:,} than at {small:,} parameters (|10 % - 100 %| at the "
                   "largest budget, per seed)",
                   higher({f"|10 % - 100 %| at {large:,}": spread[large]}, {f"|10 % - 100 %| at {small:,}": spread[small]})))
-    measured = (f"The three sizes of partial-scaling (1-3 layers of d_model 64), {ENGLISH}. Final loss, smallest -> largest budget: "
+    measured = (f"The {len(by_size)} sizes of partial-scaling ({', '.join(f'{p:,}' for p in sorted(by_size))} non-embedding "
+                f"parameters), {ENGLISH}. Final loss, smallest -> largest budget: "
                 f"{frontier_text(by_size)}. |10 % - 100 %| per seed at the largest budget: "
                 + "; ".join(f"{params:,}: {', '.join(f'{v:.4f}' for v in values)}" for params, values in spread.items()) + ".")
     return from_parts(measured, parts, plot_frontiers(by_size, "rope100"),
                       "Final loss against tokens per model size, and the gaps to full RoPE.",
-                      FRONTIER_RULE_NOTE + " The seed scales 1B to 8B parameters; here 53k to 160k.", regime(study))
+                      FRONTIER_RULE_NOTE + f" The seed scales 1B to 8B parameters; here {small / 1e3:.0f}k to "
+                      f"{large / 1e3:.0f}k.", regime(study))
 
 
 def _final_runs(study: StudyFolder) -> list[str]:
