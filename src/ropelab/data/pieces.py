@@ -22,7 +22,7 @@ import heapq
 import numpy as np
 
 from ropelab.config import ConfigError
-from ropelab.data.tokens import TokenSplit
+from ropelab.data.tokens import TokenSplit, covering_spans
 
 
 def document_spans(split: TokenSplit) -> list[tuple[int, int]]:
@@ -76,12 +76,8 @@ class ApartPieces:
 
     def _runs(self, start: int, stop: int):
         """(piece index, offset within the piece, token count) covering new positions [start, stop)."""
-        stop = min(stop, self.num_tokens)
-        k = int(np.searchsorted(self.starts, start, side="right")) - 1
-        while start < stop:
-            end = min(stop, int(self.starts[k + 1]))
-            yield k, start - int(self.starts[k]), end - start
-            start, k = end, k + 1
+        for k, a, b in covering_spans(self.starts, start, stop):
+            yield k, a, b - a
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         parts = [self.split.tokens(int(self.sources[k]) + a, int(self.sources[k]) + a + n) for k, a, n in self._runs(start, stop)]

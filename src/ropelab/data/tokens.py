@@ -41,6 +41,18 @@ SPLITS = ("train", "validation")
 MANIFEST_KEYS = ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_id", "pad_id", "dtype", "splits")
 
 
+def covering_spans(bases: np.ndarray, start: int, stop: int):
+    """(index k, local start, local stop) of the consecutive segments k, segment k covering positions
+    [bases[k], bases[k + 1]), that cover positions [start, stop) (cut at bases[-1])."""
+    stop = min(stop, int(bases[-1]))
+    k = int(np.searchsorted(bases, start, side="right")) - 1
+    while start < stop:
+        base = int(bases[k])
+        end = min(stop, int(bases[k + 1]))
+        yield k, start - base, end - base
+        start, k = end, k + 1
+
+
 def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
@@ -105,13 +117,7 @@ class TokenSplit:
 
     def _pieces(self, start: int, stop: int):
         """(shard index, local start, local stop) covering stream positions [start, stop)."""
-        stop = min(stop, self.num_tokens)
-        k = int(np.searchsorted(self.token_bases, start, side="right")) - 1
-        while start < stop:
-            base = int(self.token_bases[k])
-            end = min(stop, int(self.token_bases[k + 1]))
-            yield k, start - base, end - base
-            start, k = end, k + 1
+        return covering_spans(self.token_bases, start, stop)
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Token ids at stream positions [start, stop) (fewer at the end of the split), as int64."""
