@@ -39,6 +39,7 @@ from typing import Callable, Optional
 import yaml
 
 from ropelab.files import write_atomically
+from ropelab.study.grid import references
 from ropelab.train.loop import COMPILE_ENV
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
@@ -193,7 +194,7 @@ def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cor
         record = {"engine": "auto", "cores": cores, "groups": {}}
     layouts = {}
     for key, runs in groups.items():
-        alone = [run for run in runs if not _refers(run)]
+        alone = [run for run in runs if not references(run.config)]  # a run that starts from another run waits for it
         if key not in record["groups"]:
             steps = max(resolve_phases(run.config)[-1].end for run in runs)
             why_eager = ("every run of the group needs another run first: nothing to measure" if not alone else
@@ -216,12 +217,6 @@ def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cor
         echo(f"engine {key} ({len(runs)} runs): {layouts[key].describe()}" + (f" [measured: {figures}]" if figures else "")
              + "".join(f"; {note}" for note in entry["notes"]))
     return layouts
-
-
-def _refers(run) -> bool:
-    train = run.config.train
-    return any(isinstance(value, str) and value.startswith("@") for value in (train.init_from, train.branch_from)) \
-        or bool(getattr(run.config, "distill", None) and str(getattr(run.config.distill, "teacher", "") or "").startswith("@"))
 
 
 __all__ = ["COMPILE_ENV", "ENGINES", "Layout", "choose_layout", "cpp_compiler", "decide", "eager_layout", "group_key",
