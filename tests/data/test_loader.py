@@ -159,3 +159,61 @@ def test_max_doc_len_cuts_documents_into_short_ones():
     assert [i for i in range(16) if y[i] == -100] == [2, 6, 10, 12]  # no loss across any piece boundary
     running = PackedLoader(split, 16, max_doc_len=4).window(0)
     assert list(running[2]) == list(range(16)) and list(running[3]) == list(doc)
+
+
+def distinct_split(n: int) -> TokenSplit:
+    """One document whose tokens are 1, 2, ..., n - 1 and EOS: every token tells where it came from."""
+    return TokenSplit([Shard(np.asarray(list(range(1, n)) + [EOS], dtype=np.uint16), np.asarray([0, n], dtype=np.int64))])
+
+
+@settings(max_examples=40, deadline=None)
+@given(span=st.integers(1, 7), seed=st.integers(0, 10_000), window=st.integers(0, 9))
+def test_copy_span_repeats_one_earlier_span_later_and_labels_follow(span, seed, window):
+    split = distinct_split(16 * 10 + 1)
+    plain = PackedLoader(split, 16, seed=seed).window(window)
+    x, y, pos, doc = PackedLoader(split, 16, seed=seed, copy_span=span, copy_share=1.0).window(window)
+    stream = np.append(x, y[-1])  # the window's 17 tokens after the copy
+    original = np.append(plain[0], plain[1][-1])
+    changed = np.flatnonzero(stream != original)
+    assert len(changed) <= span and np.array_equal(y[:-1], x[1:])  # labels read the changed tokens
+    # exactly one later place holds a span of the original found earlier
+    matches = [(s, t) for s in range(17 - span) for t in range(s + span, 18 - span)
+               if np.array_equal(stream[t : t + span], original[s : s + span]) and np.array_equal(stream[: t], original[: t])
+               and np.array_equal(stream[t + span :], original[t + span :])]
+    assert matches
+    assert np.array_equal(pos, plain[2]) and np.array_equal(doc, plain[3])
+
+
+def test_copy_share_picks_windows_by_seed_and_window_only():
+    split = distinct_split(16 * 200 + 1)
+    loader = PackedLoader(split, 16, seed=3, copy_span=4, copy_share=0.25)
+    plain = PackedLoader(split, 16, seed=3)
+    copied = [w for w in range(200) if not np.array_equal(loader.window(w)[0], plain.window(w)[0])
+              or not np.array_equal(loader.window(w)[1], plain.window(w)[1])]
+    assert 25 <= len(copied) <= 75  # about a quarter of 200 windows
+    again = PackedLoader(split, 16, seed=3, copy_span=4, copy_share=0.25)
+    assert all(np.array_equal(again.window(w)[0], loader.window(w)[0]) for w in range(200))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.copy_span=8", "data.pack=whole"], r"^data.copy_span: needs data.pack=cross and no data.max_doc_len"),
+    (["data.copy_span=8", "data.max_doc_len=16"], r"^data.copy_span: needs data.pack=cross"),
+    (["data.copy_span=128", "data.seq_len=256"], r"^data.copy_span=128: .* below data.seq_len / 2 = 128"),
+    (["data.copy_span=0"], r"^data.copy_span"),
+    (["data.copy_share=0"], r"^data.copy_share=0(\.0)?: must be in \(0, 1\]"),
+    (["data.copy_share=1.5"], r"^data.copy_share=1.5"),
+])
+def test_copy_span_settings_are_checked(overrides, message):
+    from ropelab.config import ConfigError, build_run_config
+
+    with pytest.raises(ConfigError, match=message):
+        build_run_config(overrides=overrides)
+
+
+def test_copy_span_reaches_the_training_loader_only():
+    from ropelab.config import build_run_config
+    from ropelab.data.pipeline import build_loaders
+
+    config = build_run_config(overrides=["data.copy_span=8", "data.copy_share=0.75", "data.seq_len=32"])
+    train, validation, _ = build_loaders(config)
+    assert (train.copy_span, train.copy_share) == (8, 0.75) and validation.copy_span is None

@@ -231,6 +231,21 @@ def test_position_windows_start_at_documents_and_prefer_long_ones():
     assert all(len(set(w)) > 1 for w in windows if w[0] not in (1, 3))  # run on through the packed stream
 
 
+def test_position_windows_inside_lie_in_one_long_document_at_distinct_offsets():
+    docs = [np.arange(n, dtype=np.int64) + 1000 * i for i, n in enumerate([5, 30, 8, 40, 3, 9, 12])]
+    split = split_of(*docs)
+    windows, single = position_windows(split, 20, 12, seed=3, place="inside")
+    assert windows.shape == (12, 21) and single == 12
+    for w in windows:  # one document (same thousand), consecutive tokens: cut from inside it
+        assert len(set(w // 1000)) == 1 and int(w[0] // 1000) in (1, 3) and np.all(np.diff(w) == 1)
+    assert len({tuple(w) for w in windows}) == 12
+    # documents of 30 and 40 tokens hold 10 + 20 window starts: 31 windows cannot be cut
+    with pytest.raises(ConfigError, match="window starts"):
+        position_windows(split, 20, 31, seed=0, place="inside")
+    with pytest.raises(ConfigError, match="loss_place"):
+        position_windows(split, 20, 2, seed=0, place="middle")
+
+
 # ------------------------------------------------------------------ end to end
 
 

@@ -5,8 +5,10 @@ The distillation seed's claims are about a student learning long context from a 
 they can only be judged when the teacher has it and the short-data student lacks it. Two measures, on
 the same held-out data for both models:
 
-  loss by position   next-token loss on windows of the teacher's length cut from held-out long
-                     documents (`ropelab.evaluate.longctx.position_windows`, `loss_by_position`),
+  loss by position   next-token loss on windows of the teacher's length cut at random offsets inside
+                     held-out long documents (`ropelab.evaluate.longctx.position_windows`, place
+                     "inside": a few long documents give many windows, and a range of positions is
+                     not always the same part of a document, such as a play's title page),
                      averaged over doubling ranges of positions: (S/2, S], (S, 2S], (2S, 4S], ... up to
                      the window, S the students' short window;
   retrieval          passkey accuracy at 1x-8x S (`ropelab.evaluate.retrieval`), judged pooled over 4x
@@ -43,7 +45,7 @@ FAR = (4, 8)  # the multiples of the short window retrieval is judged at
 
 @dataclass
 class AdvantageSettings:
-    loss_windows: int = 8  # held-out windows of the teacher's length
+    loss_windows: int = 32  # held-out windows of the teacher's length
     items: int = 20  # passkey items per (length, depth)
     multiples: tuple[int, ...] = (1, 2, 4, 8)
     seed: int = 0
@@ -124,7 +126,7 @@ def advantage_table(teacher: dict, student: dict) -> str:
 
 def measure(model, tokenizer, validation, short_window: int, length: int, settings: AdvantageSettings, device: Any = "cpu") -> dict:
     """Loss by doubling position range on held-out windows of `length` tokens, and passkey retrieval."""
-    windows, single = position_windows(validation, length, settings.loss_windows, settings.seed)
+    windows, single = position_windows(validation, length, settings.loss_windows, settings.seed, place="inside")
     per_window = np.stack([loss_by_position(model, windows[i : i + 1], 1, device) for i in range(len(windows))])
     retrieval = RetrievalSettings(short_window, multiples=settings.multiples, items=settings.items, seed=settings.seed,
                                   batch_size=settings.batch_size)

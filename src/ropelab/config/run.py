@@ -37,6 +37,10 @@ class DataConfig:
     pieces in the split's order; ``apart`` (training split, ``pack=cross``, needs `max_doc_len`) lays two
     pieces of one document at least a window apart, so no training window holds more than `max_doc_len`
     tokens of any document (`ropelab.data.pieces`).
+    `copy_span` (training windows only; ``pack=cross``, no `max_doc_len`): in a share `copy_share` of
+    the windows, a span of this many tokens is copied from a random place to a random later one, so the
+    data rewards finding and continuing far context (the induction mechanism that retrieval measures);
+    validation windows stay as they are.
     `verify` (prepared folders): ``once`` hashes the shards on first use on this machine,
     ``always`` at every start, ``sizes`` only checks file sizes.
     """
@@ -51,9 +55,20 @@ class DataConfig:
     verify: Literal["once", "always", "sizes"] = "once"
     max_doc_len: Optional[int] = None
     piece_order: Literal["stream", "apart"] = "stream"
+    copy_span: Optional[int] = None  # tokens copied to a later place in a training window
+    copy_share: float = 0.5  # of the training windows, with copy_span
 
     def validate(self) -> None:
-        check_ints("data", self, ("seq_len", "max_doc_len"))
+        check_ints("data", self, ("seq_len", "max_doc_len", "copy_span"))
+        if self.copy_span is not None:
+            if self.pack != "cross" or self.max_doc_len:
+                raise ConfigError("data.copy_span: needs data.pack=cross and no data.max_doc_len (a copied span "
+                                  "would carry a document's tokens into another piece)")
+            if 2 * self.copy_span >= self.seq_len:
+                raise ConfigError(f"data.copy_span={self.copy_span}: the span and its copy must fit in one window: "
+                                  f"below data.seq_len / 2 = {self.seq_len / 2:g}")
+        if isinstance(self.copy_share, bool) or not 0 < self.copy_share <= 1:
+            raise ConfigError(f"data.copy_share={self.copy_share}: must be in (0, 1]")
         if self.piece_order == "apart" and (not self.max_doc_len or self.pack != "cross"):
             raise ConfigError("data.piece_order=apart: needs data.max_doc_len (the pieces' length) and data.pack=cross")
         if not (0 < self.val_percent < 50):

@@ -81,5 +81,6 @@ def build_loaders(config: RunConfig) -> tuple[PackedLoader, PackedLoader, dict]:
             tokens = ApartPieces(tokens, d.max_doc_len, gap=d.seq_len)
             manifest = {**manifest, "apart_pieces": {"tokens": tokens.num_tokens, "dropped_tokens": tokens.dropped_tokens}}
         loaders.append(PackedLoader(tokens, d.seq_len, config.seed, d.positions, d.pack, d.mask_boundary_labels, pad_id,
-                                    name=f"{folder} ({split})", max_doc_len=d.max_doc_len))
+                                    name=f"{folder} ({split})", max_doc_len=d.max_doc_len,
+                                    copy_span=d.copy_span if split == "train" else None, copy_share=d.copy_share))
     return loaders[0], loaders[1], manifest

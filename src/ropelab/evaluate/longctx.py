@@ -52,7 +52,7 @@ from ropelab.evaluate.lm_eval_report import run_labels
 from ropelab.evaluate.longctx_report import check_out_dir, write_reports
 from ropelab.evaluate.longctx_candidates import candidate_logits, candidate_scores, candidate_slots, rank_of_true
 from ropelab.evaluate.longctx_items import (
-    Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
+    WINDOW_PLACES, Item, LongContextSettings, build_items, haystack_source, items_fingerprint, make_settings,
 )
 from ropelab.evaluate.ruler_eval import ruler_cell, ruler_task_result
 from ropelab.evaluate.ruler_essay import essay_text
@@ -123,12 +123,30 @@ def documents(split) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(starts), np.concatenate(lengths)
 
 
-def position_windows(split, length: int, count: int, seed: int) -> tuple[np.ndarray, int]:
-    """(count, length + 1) validation token windows starting at document starts, and how many lie in one document."""
+def position_windows(split, length: int, count: int, seed: int, place: str = "start") -> tuple[np.ndarray, int]:
+    """(count, length + 1) validation token windows, and how many lie in one document.
+
+    ``start``: windows start at document starts, long documents first (then windows that run on through
+    the packed stream), so that position p has the document's first p tokens before it. ``inside``:
+    windows at distinct random offsets inside documents of at least length + 1 tokens (every offset
+    equally likely), so that a few long documents give many windows and what a position holds does not
+    depend on where documents begin (a play's title page, a file's imports); every window lies in one
+    document, and too few long documents is a ConfigError."""
     starts, lengths = documents(split)
     long_docs = np.flatnonzero(lengths >= length + 1)
-    fits = np.flatnonzero(starts + length + 1 <= split.num_tokens)
     rng = np.random.default_rng([seed, 0])
+    if place not in WINDOW_PLACES:
+        raise ConfigError(f"loss_place={place!r}: choose one of {', '.join(WINDOW_PLACES)}")
+    if place == "inside":
+        offsets_per_doc = lengths[long_docs] - length  # window starts that stay inside each long document
+        if offsets_per_doc.sum() < count:
+            raise ConfigError(f"loss by position: the validation split has {offsets_per_doc.sum()} window starts "
+                              f"inside documents of at least {length + 1} tokens, fewer than the {count} windows asked for")
+        picks = rng.choice(int(offsets_per_doc.sum()), size=count, replace=False)
+        doc_of = np.searchsorted(np.cumsum(offsets_per_doc), picks, side="right")
+        first = starts[long_docs[doc_of]] + picks - np.concatenate([[0], np.cumsum(offsets_per_doc)])[doc_of]
+        return np.stack([split.tokens(int(f), int(f) + length + 1) for f in first]), count
+    fits = np.flatnonzero(starts + length + 1 <= split.num_tokens)
     chosen = list(rng.permutation(long_docs)[:count])
     chosen += list(rng.permutation(np.setdiff1d(fits, chosen))[: count - len(chosen)])
     windows = np.stack([split.tokens(starts[d], starts[d] + length + 1) for d in chosen])
@@ -289,11 +307,13 @@ def _evaluate_run(run: _Run, settings: LongContextSettings, device: torch.device
                           "haystack_repeats": [{"task": task, "length": length} for task, length in repeats]}
     if settings.loss_tokens:
         progress.update(task_id, description=f"{run.label} loss by position")
-        windows, single = position_windows(run.validation, settings.loss_tokens, settings.loss_windows, settings.seed)
+        windows, single = position_windows(run.validation, settings.loss_tokens, settings.loss_windows, settings.seed,
+                                          settings.loss_place)
         per_position = loss_by_position(model, windows, settings.batch_size, device)
         train_len = config.data.seq_len
         entry["loss_by_position"] = {
             "length": settings.loss_tokens, "windows": len(windows), "single_document_windows": single,
+            "place": settings.loss_place,
             "buckets": bucket_means(per_position, log_buckets(settings.loss_tokens, settings.loss_buckets)),
             "loss_within_train_len": float(per_position[:train_len].mean()),
             "loss_beyond_train_len": float(per_position[train_len:].mean()) if settings.loss_tokens > train_len else None,

@@ -34,6 +34,8 @@ from ropelab.evaluate.ruler_tasks import RULER_TASKS
 
 TASKS = ("passkey", "needle")
 RULER = "ruler"  # every RULER task
+ALPHABETS = {"digits": "0123456789", "letters": "abcdefghijklmnopqrstuvwxyz"}  # what passkeys and needles are made of
+WINDOW_PLACES = ("start", "inside")  # where loss-by-position windows are cut (`longctx.position_windows`)
 _TASK_STREAM = {"passkey": 1, "needle": 2}  # seed stream per task (the loss windows use 0)
 
 
@@ -69,10 +71,12 @@ class LongContextSettings:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # needle position, 0 = start of the haystack
     items: int = 2  # per (length, depth) cell
     distractors: int = 9  # wrong answers the true one is ranked against
-    digits: int = 5  # answer length
+    digits: int = 5  # answer length, in characters of `answer_alphabet`
+    answer_alphabet: str = "digits"  # "digits" (no leading zero) or lowercase "letters"
     loss_length: Optional[int] = None  # loss-by-position window; None: the longest length; 0: skip
     loss_windows: int = 4
     loss_buckets: int = 12
+    loss_place: str = "start"  # loss-by-position windows at document starts, or "inside" long documents
     seed: int = 0
     batch_size: int = 8  # prompts (or loss-by-position windows) per forward pass
     threshold: float = DEFAULT_THRESHOLD  # RULER's effective length: the longest length whose RULER-11 mean beats it
@@ -96,11 +100,17 @@ class LongContextSettings:
             raise ConfigError(f"depths={list(self.depths)}: need one or more needle depths in [0, 1]")
         if not 1 <= self.digits <= 18:
             raise ConfigError(f"digits={self.digits}: must be in [1, 18]")
-        if not 1 <= self.distractors < 9 * 10 ** (self.digits - 1):
-            raise ConfigError(f"distractors={self.distractors}: must be >= 1 and fewer than the {self.digits}-digit numbers")
+        if self.answer_alphabet not in ALPHABETS:
+            raise ConfigError(f"answer_alphabet={self.answer_alphabet!r}: choose one of {', '.join(ALPHABETS)}")
+        possible = answer_count(self.answer_alphabet, self.digits)
+        if not 1 <= self.distractors < possible:
+            raise ConfigError(f"distractors={self.distractors}: must be >= 1 and fewer than the {possible} answers of "
+                              f"{self.digits} {self.answer_alphabet}")
         for key in ("items", "loss_buckets", "batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}={getattr(self, key)}: must be >= 1")
+        if self.loss_place not in WINDOW_PLACES:
+            raise ConfigError(f"loss_place={self.loss_place!r}: choose one of {', '.join(WINDOW_PLACES)}")
         if self.loss_windows < 0 or (self.loss_length is not None and self.loss_length < 0):
             raise ConfigError("loss_length and loss_windows: must be >= 0 (0 skips loss by position)")
         return self
@@ -150,15 +160,22 @@ class Item:
         return len(self.prompt) + max(len(c) for c in self.candidates)
 
 
-def _answers(rng: np.random.Generator, digits: int, count: int) -> list[str]:
-    """`count` distinct numbers of exactly `digits` digits (no leading zero)."""
-    low, high = 10 ** (digits - 1), 10**digits
-    chosen: list[int] = []
+def answer_count(alphabet: str, length: int) -> int:
+    """How many answers of `length` characters `alphabet` has (digits: no leading zero)."""
+    return 9 * 10 ** (length - 1) if alphabet == "digits" else len(ALPHABETS[alphabet]) ** length
+
+
+def _answers(rng: np.random.Generator, alphabet: str, length: int, count: int) -> list[str]:
+    """`count` distinct answers of exactly `length` characters of `alphabet` (numbers: no leading zero)."""
+    chosen: list[str] = []
     while len(chosen) < count:
-        value = int(rng.integers(low, high))
+        if alphabet == "digits":
+            value = str(int(rng.integers(10 ** (length - 1), 10**length)))
+        else:
+            value = "".join(ALPHABETS[alphabet][i] for i in rng.integers(0, len(ALPHABETS[alphabet]), length))
         if value not in chosen:
             chosen.append(value)
-    return [str(v) for v in chosen]
+    return chosen
 
 
 class Filler:
@@ -188,7 +205,7 @@ def build_items(tokenizer, task: str, source, settings: LongContextSettings) -> 
     for length in settings.lengths:
         for index in range(settings.items):
             rng = np.random.default_rng([settings.seed, _TASK_STREAM[task], length, index])
-            answers = _answers(rng, settings.digits, settings.distractors + 1)
+            answers = _answers(rng, settings.answer_alphabet, settings.digits, settings.distractors + 1)
             needle, question, *candidates = tokenizer.encode_batch(
                 [text.needle.format(answer=answers[0]), text.question] + [" " + a for a in answers]
             )

@@ -13,7 +13,11 @@ and accuracy depends on the distance only. Associative recall (many key-value pa
 binding of arbitrary keys, which plain text trains weakly; a needle in the validation text competes with
 the text's own repeats. Both would measure a tiny model's noise more than its reach.
 
-Scoring. Each item's true key is ranked against `distractors` random keys of the same digits by summed
+Keys of letters. The key is five random lowercase letters (`alphabet`; ``digits`` gives the classic
+number): Shakespeare's 38 plays hold 22 digits in 4.9 million bytes, so a byte model trained on them has
+never learned what a digit is, and a numeric key would test that, not its reach.
+
+Scoring. Each item's true key is ranked against `distractors` random keys of the same length by summed
 log-probability after the prompt (`ropelab.evaluate.longctx.score_items`); an item is retrieved when the
 true key is strictly best. Chance is 1 / (distractors + 1) (ties count as misses, so a model that cannot
 tell the keys apart scores at most that). Accuracy per length pools the depths, with its 95% Wilson
@@ -49,7 +53,8 @@ class RetrievalSettings:
     depths: tuple[float, ...] = (0.0, 0.5)  # where the needle sits in the haystack, 0 = its start
     items: int = 20  # per (length, depth)
     distractors: int = 9
-    digits: int = 5
+    digits: int = 5  # the key's length, in characters of `alphabet`
+    alphabet: str = "letters"  # or "digits"
     seed: int = 0
     batch_size: int = 8
 
@@ -72,7 +77,8 @@ class RetrievalSettings:
 
     def longctx_settings(self) -> LongContextSettings:
         return LongContextSettings(tasks=(TASK,), lengths=self.lengths, depths=tuple(self.depths), items=self.items,
-                                   distractors=self.distractors, digits=self.digits, loss_length=0, seed=self.seed,
+                                   distractors=self.distractors, digits=self.digits,
+                                   answer_alphabet=self.alphabet, loss_length=0, seed=self.seed,
                                    batch_size=self.batch_size).validate()
 
 
