@@ -7,8 +7,9 @@ import tempfile
 import pytest
 
 from ropelab.config import ConfigError, build_run_config
-from ropelab.study.engine import (RECORD, Layout, Probe, choose_layout, decide, eager_layout, estimate_s, group_key,
-                                  run_probes)
+from ropelab.study import engine
+from ropelab.study.engine import (RECORD, Layout, Probe, StudyPeaks, choose_layout, decide, eager_layout, estimate_s,
+                                  group_key, run_probes)
 from ropelab.study.grid import StudyConfig, expand, load_study
 
 
@@ -102,6 +103,23 @@ def test_a_group_whose_probe_fails_is_trained_eager_with_the_reason(tmp_path):
     assert decide("auto", groups, tmp_path, jobs=2, cores=2, choose=choose, echo=lines.append) == {"g": eager_layout(2, 2)}
     assert lines == ["engine g (2 runs): 2 x 1 thread(s), eager; eager: engine probe (1 x 2 thread(s), eager) failed: "
                      "out of memory"]
+
+
+def test_the_cpu_peak_is_measured_once_per_dtype_and_threads_for_the_whole_study(monkeypatch):
+    import torch
+
+    from ropelab.train.throughput import PEAKS_ENV
+
+    measured = []
+    monkeypatch.setattr(engine, "measure_cpu_peak", lambda dtype, threads: measured.append((dtype, threads)) or 1e11 * threads)
+    peaks = StudyPeaks()
+    fp32 = {"train": {"precision": "fp32", "device": "cpu"}}
+    assert peaks.environment(fp32, 1) == {PEAKS_ENV: "float32/1=100000000000.0"}
+    assert peaks.environment(fp32, 1) == peaks.environment({"train": {"device": "cpu"}}, 1)
+    assert peaks.environment(fp32, 2) == {PEAKS_ENV: "float32/1=100000000000.0,float32/2=200000000000.0"}
+    assert measured == [(torch.float32, 1), (torch.float32, 2)]
+    if not torch.cuda.is_available():  # a run on a missing GPU says so itself
+        assert peaks.environment({"train": {"device": "cuda"}}, 1) == {}
 
 
 def test_estimate_counts_rounds_of_runs():

@@ -63,6 +63,7 @@ class WarmStarter:
         self.reports_read = False  # the server has ended and every report of it is in `exits`
         self.requests = 0
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.server_log = server_log
         server_log.parent.mkdir(parents=True, exist_ok=True)
         with open(server_log, "a") as stderr:
             self.server = subprocess.Popen([sys.executable, "-m", "ropelab.study.warm_start"], stdin=subprocess.PIPE,
@@ -71,7 +72,7 @@ class WarmStarter:
         with self.lock:
             self.lock.wait_for(lambda: self.ready or self.reports_read, READY_TIMEOUT_S)
         if not self.ready:
-            self._give_up(f"the server did not start (see {server_log})", kill=True)
+            self._give_up(f"the server did not start in {READY_TIMEOUT_S:.0f} s (see {server_log})", kill=True)
 
     def __enter__(self) -> WarmStarter:
         return self
@@ -102,8 +103,9 @@ class WarmStarter:
                     self.exits[report["pid"]] = report["returncode"]
                 self.lock.notify_all()
         with self.lock:
-            self.ended = self.reports_read = True
+            self.reports_read = True
             self.lock.notify_all()
+        self._give_up(f"the server ended (exit code {self.server.wait()}; see {self.server_log})")
 
     def _give_up(self, why: str, kill: bool = False) -> None:
         with self.lock:
