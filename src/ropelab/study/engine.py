@@ -11,7 +11,11 @@ and precision, from short trainings of one of the group's runs on this machine:
   time is counted, since a probe's whole wall time enters the estimate;
 * the allocator: tcmalloc or jemalloc through ``LD_PRELOAD`` where one is installed.
 
-A probe trains ``PROBE_STEPS`` steps; a run's time is estimated as the probe's wall time plus its
+``auto``'s trainers are forked from the study's warm-start server (`ropelab.study.warm_start`) instead
+of starting a fresh Python each, with the CPU's matmul peak measured once for the study (`StudyPeaks`).
+
+A probe trains ``PROBE_STEPS`` steps, started as the runs will be (warm, with the study's peaks), so
+that its wall time holds a run's start-up; a run's time is estimated as the probe's wall time plus its
 remaining steps at the probe's median step time, and a group's as that times its rounds of runs. A group
 that trains fewer than ``MEASURED_FROM_STEPS`` steps in all is trained eager, unmeasured.
 The layout is measured eager first, then compiled steps and the allocator on the faster layout.

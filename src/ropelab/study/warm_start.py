@@ -1,9 +1,9 @@
 """A warm start for a study's trainers: one server process that has imported torch and the trainer
-once, and forks each trainer from there instead of starting a fresh Python.
+once, and forks each trainer from there instead of starting a fresh Python: the study's side.
 
 A fresh ``python -m ropelab train`` costs about 4-5 s before its first step on 2 cores (importing torch,
 ``torch._dynamo`` reached from the optimizer, the rest of ropelab), while a run of the claims' smallest
-size trains 1-3 s. The server (``python -m ropelab.study.warm_start``, started by `WarmStarter` with one
+size trains 1-3 s. The server (``python -m ropelab.warm_server``, started by `WarmStarter` with one
 OpenMP thread) imports all of it and runs no torch op, so that no thread pool exists when it forks. Each
 request (a JSON line on its stdin: the CLI arguments, the environment, the log file, the working folder)
 becomes a child that does what a fresh trainer process does: a session of its own, the request's
@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -66,7 +63,7 @@ class WarmStarter:
         self.server_log = server_log
         server_log.parent.mkdir(parents=True, exist_ok=True)
         with open(server_log, "a") as stderr:
-            self.server = subprocess.Popen([sys.executable, "-m", "ropelab.study.warm_start"], stdin=subprocess.PIPE,
+            self.server = subprocess.Popen([sys.executable, "-m", "ropelab.warm_server"], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=stderr, env=self.env, start_new_session=True)
         threading.Thread(target=self._read_reports, daemon=True).start()
         with self.lock:
@@ -176,12 +173,6 @@ class WarmTrainer:
         if self.poll() is None:
             os.kill(self.pid, signum)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie waiting for init to reap it has ended)."""
@@ -190,121 +181,3 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-# The server side: runs in `python -m ropelab.study.warm_start`.
-
-def _report(message: dict) -> None:
-    try:
-        os.write(1, json.dumps(message).encode() + b"\n")
-    except BrokenPipeError:  # the study has gone: its trainers run on
-        pass
-
-
-def _reap(children: set[int], block: bool) -> None:
-    """Report every child that has exited (with `block`, wait for all of them)."""
-    while children:
-        pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        if pid == 0:
-            return
-        children.discard(pid)
-        _report({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
-
-
-def _trainer(request: dict) -> int:
-    """In the forked child: become the trainer process the request describes; its exit code."""
-    import torch
-
-    import ropelab
-    from ropelab.cli import main
-
-    os.setsid()
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a fresh Python sets
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = [str(Path(ropelab.__file__).with_name("__main__.py")), *request["args"]]
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else len(os.sched_getaffinity(0)))
-    try:
-        code = main(request["args"])
-    except SystemExit as exc:
-        code = exc.code
-    except KeyboardInterrupt:  # as a fresh Python ends on an uncaught Ctrl-C: killed by SIGINT
-        traceback.print_exc()
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        code = 130
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    return code or 0
-
-
-def _fork_trainer(request: dict) -> int:
-    """Fork the request's trainer; its pid (in the child: never returns)."""
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        code = _trainer(request)
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code & 0xFF)
-
-
-def serve() -> None:
-    """Import the trainer, then fork a trainer per request until stdin closes; report every exit."""
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401 - the optimizer's first use imports it: 1 s of every trainer's start
-    import torch.optim  # noqa: F401
-
-    import ropelab.cli  # noqa: F401
-    import ropelab.distill  # noqa: F401 - what `ropelab train` imports when it runs
-    import ropelab.train.loop  # noqa: F401
-    import ropelab.train.run_folder  # noqa: F401
-
-    _report({"ready": os.getpid()})
-    children: set[int] = set()
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0], [], [], 0.05)
-        _reap(children, block=False)
-        if not readable:
-            continue
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            request = json.loads(line)
-            try:
-                pid = _fork_trainer(request)
-            except OSError as exc:
-                _report({"request": request["request"], "error": f"fork failed: {exc}"})
-                continue
-            children.add(pid)
-            _report({"request": request["request"], "pid": pid})
-    _reap(children, block=True)
-
-
-if __name__ == "__main__":
-    serve()
