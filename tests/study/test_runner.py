@@ -57,6 +57,7 @@ def copy_of(finished, tmp_path):
 
 def test_runs_finish_and_are_never_recomputed(finished, tmp_path):
     out = copy_of(finished, tmp_path)
+    assert (out / "engine" / "warm-start.log").is_file()  # auto: the trainers were forked from the warm-start server
     metrics = (out / "runs/fraction0/metrics.jsonl").read_text()
     assert run_study(study(), out, live=False) == {"fraction0": "done", "fraction1": "done"}
     assert (out / "runs/fraction0/metrics.jsonl").read_text() == metrics

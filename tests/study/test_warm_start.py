@@ -107,3 +107,26 @@ def test_a_warm_trainer_runs_on_the_requested_threads_with_the_studys_peak(start
     trainer = starter.start(["train", "--out", str(tmp_path / "run"), *TINY, *short(2)], env(2, **peaks), tmp_path / "log")
     assert trainer.wait() == 0
     assert all(0 < row["mfu"] < 1e-15 for row in read_metrics(tmp_path / "run") if "mfu" in row)
+
+
+def test_a_probe_starts_its_trainers_from_the_server(starter, tmp_path):
+    from ropelab.config import build_run_config
+    from ropelab.study.engine import Layout, StudyPeaks, run_probes
+
+    tree = build_run_config({"preset": "tiny-llama"}, overrides=[o for o in TINY if "=" in o]).to_dict()
+    before = starter.requests
+    probe = run_probes(tree, Layout(2, 1), tmp_path / "probe", tmp_path, steps=6, starter=starter, peaks=StudyPeaks())
+    assert starter.requests == before + 2 and probe.wall_s > 0 and probe.step_s > 0
+
+
+def test_a_study_whose_server_cannot_start_trains_its_runs_as_plain_processes(tmp_path, monkeypatch, capsys):
+    from ropelab.study import warm_start
+    from ropelab.study.grid import StudyConfig
+    from ropelab.study.runner import run_study
+
+    monkeypatch.setattr(warm_start, "READY_TIMEOUT_S", 0.0)
+    base = {"model": {"n_layer": 1, "d_model": 32, "n_head": 2, "n_kv_head": 1, "d_ff": 64},
+            "data": {"tokenizer": "bytes", "seq_len": 16}, "train": {"steps": 2, "micro_batch": 2, "eval_every": 2}}
+    study = StudyConfig(name="t", base=base, grid={"seed": [0, 1]}, engine="auto")
+    assert run_study(study, tmp_path / "s", jobs=2, live=False) == {"seed0": "done", "seed1": "done"}
+    assert "warm start: the server did not start in 0 s" in capsys.readouterr().out
