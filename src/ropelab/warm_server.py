@@ -21,21 +21,21 @@ import ropelab
 from ropelab.cli import main
 
 
-def _report(message: dict) -> None:
+def _report(reports: int, message: dict) -> None:
     try:
-        os.write(1, json.dumps(message).encode() + b"\n")
+        os.write(reports, json.dumps(message).encode() + b"\n")
     except BrokenPipeError:  # the study has gone: its trainers run on
         pass
 
 
-def _reap(children: set[int], block: bool) -> None:
+def _reap(reports: int, children: set[int], block: bool) -> None:
     """Report every child that has exited (with `block`, wait for all of them)."""
     while children:
         pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
         if pid == 0:
             return
         children.discard(pid)
-        _report({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        _report(reports, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
 def _trainer(request: dict) -> int:
@@ -78,13 +78,16 @@ def _trainer(request: dict) -> int:
     return code or 0
 
 
-def _fork_trainer(request: dict) -> int:
+def _fork_trainer(request: dict, reports: int) -> int:
     """Fork the request's trainer; its pid (in the child: never returns)."""
+    sys.stdout.flush()  # nothing the server printed may reach the trainer's log
+    sys.stderr.flush()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
+        os.close(reports)
         code = _trainer(request)
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -97,6 +100,8 @@ def _fork_trainer(request: dict) -> int:
 
 def serve() -> None:
     """Import the trainer, then fork a trainer per request until stdin closes; report every exit."""
+    reports = os.dup(1)
+    os.dup2(2, 1)  # what anything prints goes to the server's log, not among the reports
     import rich.console  # noqa: F401 - this and the checkpoint writer are imported by the trainer as it runs
     import rich.progress  # noqa: F401
     import torch  # noqa: F401
@@ -104,17 +109,16 @@ def serve() -> None:
     import torch.distributed.checkpoint  # noqa: F401
     import torch.optim  # noqa: F401
 
-    import ropelab.cli  # noqa: F401
     import ropelab.distill  # noqa: F401 - what `ropelab train` imports when it runs
     import ropelab.train.loop  # noqa: F401
     import ropelab.train.run_folder  # noqa: F401
 
-    _report({"ready": os.getpid()})
+    _report(reports, {"ready": os.getpid()})
     children: set[int] = set()
     pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], 0.05)
-        _reap(children, block=False)
+        _reap(reports, children, block=False)
         if not readable:
             continue
         chunk = os.read(0, 1 << 20)
@@ -124,13 +128,13 @@ def serve() -> None:
         for line in lines:
             request = json.loads(line)
             try:
-                pid = _fork_trainer(request)
+                pid = _fork_trainer(request, reports)
             except OSError as exc:
-                _report({"request": request["request"], "error": f"fork failed: {exc}"})
+                _report(reports, {"request": request["request"], "error": f"fork failed: {exc}"})
                 continue
             children.add(pid)
-            _report({"request": request["request"], "pid": pid})
-    _reap(children, block=True)
+            _report(reports, {"request": request["request"], "pid": pid})
+    _reap(reports, children, block=True)
 
 
 if __name__ == "__main__":

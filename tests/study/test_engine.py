@@ -174,3 +174,16 @@ def test_engine_benchmark_profiles_a_step_and_ends_with_its_figures():
     assert figures["sgemm_gflops"] > 0 and figures["machine"]
     assert set(figures["profile"]) == {"matmul", "attention", "elementwise and other"}
     assert sum(figures["profile"].values()) == pytest.approx(1.0) and figures["profile"]["matmul"] > 0
+
+
+def test_engine_benchmark_times_plain_and_warm_trainers_from_start_to_exit():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "engine.py"
+    done = subprocess.run([sys.executable, str(script), "--parts", "startup", "--shapes", "1x32", "--startup-runs", "1",
+                           "--tokens-per-param", "0.5"], capture_output=True, text=True, timeout=300, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])["startup"]
+    assert [(r["engine"], r["steps"]) for r in figures["rows"]] == [("eager", 4), ("auto", 4)]
+    assert all(r["wall_s_per_run"] > 0 and r["tokens_per_s_per_run"] < r["training_tokens_per_s_per_run"] for r in figures["rows"])
