@@ -124,7 +124,7 @@ class StudyPeaks:
     instead of once in every trainer's start-up."""
 
     def __init__(self):
-        self.peaks = {}
+        self.peaks: dict[tuple, float] = {}  # (dtype, threads) -> FLOP/s
 
     def environment(self, tree: dict, threads: int) -> dict[str, str]:
         """What a trainer of the run `tree` on `threads` threads gets: every peak measured so far, its own included."""

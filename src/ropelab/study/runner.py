@@ -2,10 +2,10 @@
 
 Each run is a separate ``ropelab train`` process (a crash stays in its run): with the ``eager``
 engine a fresh Python, up to ``jobs`` at once, with the CPU threads split between them; with ``auto``
-forked from the study's warm-start server (`ropelab.study.warm_start`), in the layout `ropelab.study.engine`
-measured, with the CPU's matmul peak measured once for the study instead of in every trainer. Finished runs (``result.json``)
-are skipped, unfinished ones resume from their last checkpoint, failed ones get
-``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
+forked from the study's warm-start server (`ropelab.study.warm_start`) in the layout that
+`ropelab.study.engine` measured, with the CPU's matmul peak measured once for the study instead of in
+every trainer. Finished runs (``result.json``) are skipped, unfinished ones resume from their last
+checkpoint, failed ones get ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
 student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
 the KD runs that share a teacher and their batches read one cache of its targets, written before the

@@ -59,6 +59,7 @@ class WarmStarter:
         self.ended = False  # no trainer starts from the server any more
         self.reports_read = False  # the server has ended and every report of it is in `exits`
         self.requests = 0
+        # one thread: with more, importing torch already starts an OpenMP worker, which a fork does not carry
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.server_log = server_log
         server_log.parent.mkdir(parents=True, exist_ok=True)
