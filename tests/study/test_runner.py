@@ -97,6 +97,7 @@ def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
     variants = [{"name": "broken", "data.tokenizer": str(tmp_path / "missing.json")}, {"name": "ok"}]
     statuses = run_study(StudyConfig(name="t", base=BASE, variants=variants), tmp_path, jobs=2, live=False)
     assert statuses == {"broken": "failed", "ok": "done"}
+    assert (tmp_path / "engine" / "warm-start.log").is_file()  # auto (the default): both forked from the warm-start server
     assert "missing.json" in (tmp_path / "runs/broken/error.txt").read_text()
     assert json.loads((tmp_path / "runs/ok/result.json").read_text())["steps"] == 4
 
