@@ -130,3 +130,10 @@ def test_a_study_whose_server_cannot_start_trains_its_runs_as_plain_processes(tm
     study = StudyConfig(name="t", base=base, grid={"seed": [0, 1]}, engine="auto")
     assert run_study(study, tmp_path / "s", jobs=2, live=False) == {"seed0": "done", "seed1": "done"}
     assert "warm start: the server did not start in 0 s" in capsys.readouterr().out
+
+
+def test_an_exception_in_a_warm_trainer_is_a_traceback_in_its_log_and_exit_code_1(starter, tmp_path):
+    # an argument that is not a string: argparse itself fails with a TypeError, as a bug in a command would
+    assert starter.start(["train", "--out", 5], env(), tmp_path / "log").wait() == 1
+    log = (tmp_path / "log").read_text()
+    assert log.startswith("Traceback (most recent call last)") and "TypeError" in log
