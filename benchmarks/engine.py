@@ -1,7 +1,8 @@
 """`ropelab study --engine auto` against `eager` on the claims' shapes: equal losses, speed, and where a step's time goes.
 
-    python benchmarks/engine.py                       # all three parts (equality compiles 10 runs: 10+ minutes on 2 cores)
+    python benchmarks/engine.py                       # all four parts (equality compiles 10 runs: 10+ minutes on 2 cores)
     python benchmarks/engine.py --parts speed --steps 80
+    python benchmarks/engine.py --parts startup --startup-runs 8 --tokens-per-param 20   # the claims' longest runs
 
 equality: every position encoding of configs/claims/partial-scaling.yaml (NoPE, two channels, 10 %, 25 %,
     100 %) at two seeds on its 1-layer shape (d_model 64, one head, d_ff 192, bytes, 8 x 256, fp32), 50
@@ -14,6 +15,12 @@ speed: on the 2-layer size and on the largest (3 layers), `ropelab.study.engine.
     per token) against the sgemm rate measured here (1024^3 fp32 on every core).
 profile: one eager step of the 2-layer size under torch.profiler, its CPU time split into matrix
     products, attention and everything else (elementwise, norms, loss, optimizer).
+startup: the claims' smallest and largest sizes (1 layer of d_model 32, d_ff 64; 3 layers of d_model 64,
+    d_ff 192) trained for `--tokens-per-param` tokens per non-embedding parameter (the frontier's budgets are
+    2.5, 5, 10 and 20), `--startup-runs` runs each, one single-thread trainer per core at once (eager's layout):
+    each run a fresh `python -m ropelab train` (`eager`) against a child of the warm-start server with the
+    CPU's peak measured once (`auto`, `ropelab.study.warm_start`), in alternating rounds; each run's wall time
+    from its start to its exit, and its tokens/s over that wall (start-up included) and over its steps alone.
 Prints tables, then ONE JSON line with every figure. On a shared machine the figures are upper bounds of the load.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -32,7 +40,8 @@ import torch
 from ropelab import machine
 from ropelab.config import build_run_config, load_yaml
 from ropelab.model import Transformer
-from ropelab.study.engine import choose_layout, eager_layout, run_probes
+from ropelab.study.engine import StudyPeaks, choose_layout, eager_layout, run_probes
+from ropelab.study.warm_start import WarmStarter, plain_start
 from ropelab.train.loop import COMPILE_ENV, train
 from ropelab.train.metrics import read_metrics
 
@@ -41,12 +50,13 @@ POSITIONS = {"nope": ["model.rope.fraction=0.0"], "2ch": ["model.rope.rotary_dim
              "rope25": ["model.rope.fraction=0.25"], "rope100": ["model.rope.fraction=1.0"]}
 MATMUL = ("mm", "addmm", "bmm", "matmul", "linear")
 ATTENTION = ("attention", "softmax", "_efficient_attention", "flash")
+SHAPES = {"1x32": (1, 32, 64), "3x64": (3, 64, 192)}  # the claims' smallest and largest sizes: layers, d_model, d_ff
 
 
-def claims_tree(layers: int, position: list[str], seed: int, steps: int) -> dict:
+def claims_tree(layers: int, position: list[str], seed: int, steps: int, shape: tuple[str, ...] = ()) -> dict:
     base = load_yaml(CLAIMS)["base"]
     overrides = [f"model.n_layer={layers}", f"seed={seed}", f"train.steps={steps}", f"train.eval_every={steps}",
-                 f"train.checkpoint_every={steps}", "train.progress=false", "data.corpus=stdlib", *position]
+                 f"train.checkpoint_every={steps}", "train.progress=false", "data.corpus=stdlib", *shape, *position]
     return build_run_config(base, overrides=overrides).to_dict()
 
 
@@ -104,6 +114,62 @@ def speed(layers: int, steps: int, folder: Path, cores: int) -> dict:
     return {"layers": layers, "flops_per_token": flops, "planned_steps": planned, **record}
 
 
+def run_round(start, tree: dict, names: list[str], env: dict, folder: Path) -> list[float]:
+    """Start a trainer of `tree` per name at once; each one's wall time from its start to its exit."""
+    config = folder / "run.yaml"
+    config.write_text(json.dumps(tree))
+    started = []
+    for name in names:
+        began = time.perf_counter()
+        started.append((name, start(["train", "--config", str(config), "--out", str(folder / name), "--no-progress"], env,
+                                    folder / f"{name}.log"), began))
+    walls = {}
+    while len(walls) < len(started):
+        for name, process, began in started:
+            if name not in walls and process.poll() is not None:
+                if process.returncode != 0:
+                    raise RuntimeError(f"{folder / name}.log: exit code {process.returncode}")
+                walls[name] = time.perf_counter() - began
+        time.sleep(0.005)
+    return [walls[name] for name in names]
+
+
+def startup(shapes: list[str], runs: int, tokens_per_param: float, folder: Path, cores: int) -> dict:
+    """Plain processes against warm-started ones (module docstring)."""
+    began = time.perf_counter()
+    with WarmStarter(folder / "warm-start.log") as starter:
+        ready_s = time.perf_counter() - began
+        peaks, rows = StudyPeaks(), []
+        for shape in shapes:
+            layers, d_model, d_ff = SHAPES[shape]
+            sized = (f"model.d_model={d_model}", f"model.d_ff={d_ff}")
+            config = build_run_config(claims_tree(layers, POSITIONS["rope25"], 0, 1, sized))
+            config.model.vocab_size = config.model.vocab_size or 256
+            tokens_per_step = config.train.micro_batch * config.train.grad_accum * config.data.seq_len
+            steps = math.ceil(tokens_per_param * Transformer(config.model).num_params(non_embedding=True) / tokens_per_step)
+            tree = claims_tree(layers, POSITIONS["rope25"], 0, steps, sized)
+            began = time.perf_counter()
+            environments = {"eager": {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+            environments["auto"] = {**environments["eager"], **peaks.environment(tree, 1)}
+            peak_s = time.perf_counter() - began
+            walls = {"eager": [], "auto": []}
+            for first in range(0, runs, cores):
+                names = [f"r{i}" for i in range(first, min(runs, first + cores))]
+                for engine, start in (("eager", plain_start), ("auto", starter.start)):
+                    run_folder = folder / shape / engine
+                    run_folder.mkdir(parents=True, exist_ok=True)
+                    walls[engine] += run_round(start, tree, names, environments[engine], run_folder)
+            for engine, measured in walls.items():
+                trained = [json.loads((folder / shape / engine / f"r{i}" / "result.json").read_text())["tokens_per_s"]
+                           for i in range(runs)]
+                rows.append({"shape": shape, "engine": engine, "steps": steps, "runs": runs,
+                             "wall_s_per_run": statistics.median(measured),
+                             "tokens_per_s_per_run": steps * tokens_per_step / statistics.median(measured),
+                             "training_tokens_per_s_per_run": statistics.median(trained),
+                             **({"peak_measured_s": peak_s} if engine == "auto" else {})})
+    return {"server_ready_s": ready_s, "tokens_per_param": tokens_per_param, "rows": rows}
+
+
 def profile(layers: int) -> dict:
     from ropelab.train.optim import build_optimizer
 
@@ -138,11 +204,15 @@ def profile(layers: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=["equality", "speed", "profile"])
+    parser.add_argument("--parts", nargs="+", default=["equality", "speed", "startup", "profile"])
     parser.add_argument("--steps", type=int, default=50, help="steps of each equality run and of each speed probe")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3], help="layers of the speed part's sizes")
     parser.add_argument("--positions", nargs="+", default=list(POSITIONS), choices=list(POSITIONS),
                         help="position encodings of the equality part")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), help="sizes of the startup part")
+    parser.add_argument("--startup-runs", type=int, default=4, help="runs of each size and engine in the startup part")
+    parser.add_argument("--tokens-per-param", type=float, default=2.5,
+                        help="the startup part's run length in tokens per non-embedding parameter")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     figures = {"machine": machine.describe(), "sgemm_gflops": sgemm_gflops(cores)}
@@ -163,6 +233,14 @@ def main() -> None:
                         (" (eager engine)" if m["eager"] else "") + (", " + Path(m["allocator"]).name if m["allocator"] else "")
                     print(f"{label:<38}{m['tokens_per_s_per_run']:>17,.0f}{m['gflops']:>9.1f}"
                           f"{m['gflops'] / figures['sgemm_gflops']:>10.0%}{m['wall_s']:>8.1f}")
+        if "startup" in args.parts:
+            figures["startup"] = startup(args.shapes, args.startup_runs, args.tokens_per_param, Path(folder) / "startup", cores)
+            print(f"\nstart-up: {args.startup_runs} runs per size, {cores} single-thread trainers at once, "
+                  f"{args.tokens_per_param:g} tokens/param; warm-start server ready in {figures['startup']['server_ready_s']:.1f} s")
+            print(f"{'size':<6}{'engine':<7}{'steps':>6}{'wall s per run':>16}{'tokens/s per run':>18}{'in training':>13}")
+            for r in figures["startup"]["rows"]:
+                print(f"{r['shape']:<6}{r['engine']:<7}{r['steps']:>6}{r['wall_s_per_run']:>16.2f}"
+                      f"{r['tokens_per_s_per_run']:>18,.0f}{r['training_tokens_per_s_per_run']:>13,.0f}")
         if "profile" in args.parts:
             figures["profile"] = profile(args.sizes[0])
             print(f"\none eager step, {args.sizes[0]} layers, {cores} threads: " +

@@ -7,8 +7,9 @@ import tempfile
 import pytest
 
 from ropelab.config import ConfigError, build_run_config
-from ropelab.study.engine import (RECORD, Layout, Probe, choose_layout, decide, eager_layout, estimate_s, group_key,
-                                  run_probes)
+from ropelab.study import engine
+from ropelab.study.engine import (RECORD, Layout, Probe, StudyPeaks, choose_layout, decide, eager_layout, estimate_s,
+                                  group_key, run_probes)
 from ropelab.study.grid import StudyConfig, expand, load_study
 
 
@@ -104,6 +105,23 @@ def test_a_group_whose_probe_fails_is_trained_eager_with_the_reason(tmp_path):
                      "out of memory"]
 
 
+def test_the_cpu_peak_is_measured_once_per_dtype_and_threads_for_the_whole_study(monkeypatch):
+    import torch
+
+    from ropelab.train.throughput import PEAKS_ENV
+
+    measured = []
+    monkeypatch.setattr(engine, "measure_cpu_peak", lambda dtype, threads: measured.append((dtype, threads)) or 1e11 * threads)
+    peaks = StudyPeaks()
+    fp32 = {"train": {"precision": "fp32", "device": "cpu"}}
+    assert peaks.environment(fp32, 1) == {PEAKS_ENV: "float32/1=100000000000.0"}
+    assert peaks.environment(fp32, 1) == peaks.environment({"train": {"device": "cpu"}}, 1)
+    assert peaks.environment(fp32, 2) == {PEAKS_ENV: "float32/1=100000000000.0,float32/2=200000000000.0"}
+    assert measured == [(torch.float32, 1), (torch.float32, 2)]
+    if not torch.cuda.is_available():  # a run on a missing GPU says so itself
+        assert peaks.environment({"train": {"device": "cuda"}}, 1) == {}
+
+
 def test_estimate_counts_rounds_of_runs():
     assert estimate_s(Probe(2.0, 0.1), Layout(2, 1), runs=3, steps=116) == 2 * (2.0 + 100 * 0.1)
 
@@ -156,3 +174,16 @@ def test_engine_benchmark_profiles_a_step_and_ends_with_its_figures():
     assert figures["sgemm_gflops"] > 0 and figures["machine"]
     assert set(figures["profile"]) == {"matmul", "attention", "elementwise and other"}
     assert sum(figures["profile"].values()) == pytest.approx(1.0) and figures["profile"]["matmul"] > 0
+
+
+def test_engine_benchmark_times_plain_and_warm_trainers_from_start_to_exit():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "engine.py"
+    done = subprocess.run([sys.executable, str(script), "--parts", "startup", "--shapes", "1x32", "--startup-runs", "1",
+                           "--tokens-per-param", "0.5"], capture_output=True, text=True, timeout=300, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])["startup"]
+    assert [(r["engine"], r["steps"]) for r in figures["rows"]] == [("eager", 4), ("auto", 4)]
+    assert all(r["wall_s_per_run"] > 0 and r["tokens_per_s_per_run"] < r["training_tokens_per_s_per_run"] for r in figures["rows"])

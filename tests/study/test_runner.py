@@ -57,6 +57,7 @@ def copy_of(finished, tmp_path):
 
 def test_runs_finish_and_are_never_recomputed(finished, tmp_path):
     out = copy_of(finished, tmp_path)
+    assert (out / "engine" / "warm-start.log").is_file()  # auto: the trainers were forked from the warm-start server
     metrics = (out / "runs/fraction0/metrics.jsonl").read_text()
     assert run_study(study(), out, live=False) == {"fraction0": "done", "fraction1": "done"}
     assert (out / "runs/fraction0/metrics.jsonl").read_text() == metrics
@@ -96,6 +97,7 @@ def test_a_crashing_run_is_marked_failed_and_others_go_on(tmp_path):
     variants = [{"name": "broken", "data.tokenizer": str(tmp_path / "missing.json")}, {"name": "ok"}]
     statuses = run_study(StudyConfig(name="t", base=BASE, variants=variants), tmp_path, jobs=2, live=False)
     assert statuses == {"broken": "failed", "ok": "done"}
+    assert (tmp_path / "engine" / "warm-start.log").is_file()  # auto (the default): both forked from the warm-start server
     assert "missing.json" in (tmp_path / "runs/broken/error.txt").read_text()
     assert json.loads((tmp_path / "runs/ok/result.json").read_text())["steps"] == 4
 

@@ -8,7 +8,8 @@ import torch
 from ropelab.config import ModelConfig
 from ropelab.model import Transformer
 from ropelab.train import throughput
-from ropelab.train.throughput import Throughput, gpu_spec, measured_cpu_peak, peak_bandwidth, peak_flops
+from ropelab.train.throughput import (PEAKS_ENV, Throughput, given_cpu_peak, gpu_spec, measured_cpu_peak, peak_bandwidth,
+                                      peak_flops, peaks_environment)
 
 
 @pytest.mark.parametrize("name, flops, bandwidth", [
@@ -49,6 +50,23 @@ def test_cpu_peak_is_measured_once(monkeypatch):
     monkeypatch.setattr(throughput.time, "perf_counter", lambda: pytest.fail("measured twice"))
     assert peak_flops("cpu", torch.float32)[0] == first
     assert measured_cpu_peak(torch.float32, torch.get_num_threads()) == first
+
+
+def test_a_peak_given_by_the_study_is_used_and_a_bad_one_measured(monkeypatch):
+    given = peaks_environment({(torch.float32, 3): 1.25e11, (torch.bfloat16, 3): 2.5e11})
+    monkeypatch.setenv(PEAKS_ENV, given[PEAKS_ENV])
+    assert given_cpu_peak(torch.float32, 3) == 1.25e11 and given_cpu_peak(torch.bfloat16, 3) == 2.5e11
+    assert given_cpu_peak(torch.float32, 2) is None  # measured for other threads: not this one's
+    measured_cpu_peak.cache_clear()
+    monkeypatch.setattr(throughput, "measure_cpu_peak", lambda dtype, threads: pytest.fail("measured"))
+    assert measured_cpu_peak(torch.float32, 3) == 1.25e11
+    for bad in ("float32/3=fast", "float32/3=-1", "float32/3=nan", "float32/3=inf", "float32/3"):
+        monkeypatch.setenv(PEAKS_ENV, bad)
+        assert given_cpu_peak(torch.float32, 3) is None
+    monkeypatch.setattr(throughput, "measure_cpu_peak", lambda dtype, threads: 7e10)
+    measured_cpu_peak.cache_clear()
+    assert measured_cpu_peak(torch.float32, 3) == 7e10
+    measured_cpu_peak.cache_clear()
 
 
 def _model() -> Transformer:

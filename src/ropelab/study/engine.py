@@ -11,7 +11,11 @@ and precision, from short trainings of one of the group's runs on this machine:
   time is counted, since a probe's whole wall time enters the estimate;
 * the allocator: tcmalloc or jemalloc through ``LD_PRELOAD`` where one is installed.
 
-A probe trains ``PROBE_STEPS`` steps; a run's time is estimated as the probe's wall time plus its
+``auto``'s trainers are forked from the study's warm-start server (`ropelab.study.warm_start`) instead
+of starting a fresh Python each, with the CPU's matmul peak measured once for the study (`StudyPeaks`).
+
+A probe trains ``PROBE_STEPS`` steps, started as the runs will be (warm, with the study's peaks), so
+that its wall time holds a run's start-up; a run's time is estimated as the probe's wall time plus its
 remaining steps at the probe's median step time, and a group's as that times its rounds of runs. A group
 that trains fewer than ``MEASURED_FROM_STEPS`` steps in all is trained eager, unmeasured.
 The layout is measured eager first, then compiled steps and the allocator on the faster layout.
@@ -28,7 +32,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import sysconfig
 import time
@@ -38,11 +41,16 @@ from typing import Callable, Optional
 
 import yaml
 
+from ropelab.config import ConfigError
 from ropelab.files import write_atomically
+from ropelab.precision import matmul_dtype
 from ropelab.study.grid import references
+from ropelab.study.warm_start import WarmStarter, plain_start
+from ropelab.train.distributed import resolve_device
 from ropelab.train.loop import COMPILE_ENV
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
+from ropelab.train.throughput import measure_cpu_peak, peaks_environment
 
 ENGINES = ("auto", "eager")
 PROBE_STEPS = 16
@@ -110,14 +118,39 @@ def group_key(config) -> str:
             f"-b{t.micro_batch}x{t.grad_accum}-{t.precision}")
 
 
+class StudyPeaks:
+    """The CPU's matmul peak (the MFU's denominator), measured once per study for each dtype and thread
+    count its trainers use and handed to them in the environment (`ropelab.train.throughput.PEAKS_ENV`),
+    instead of once in every trainer's start-up."""
+
+    def __init__(self):
+        self.peaks: dict[tuple, float] = {}  # (dtype, threads) -> FLOP/s
+
+    def environment(self, tree: dict, threads: int) -> dict[str, str]:
+        """What a trainer of the run `tree` on `threads` threads gets: every peak measured so far, its own included."""
+        train = tree.get("train", {})
+        try:
+            device = resolve_device(train.get("device", "auto"), None)
+        except ConfigError:  # the trainer says so in one line
+            return {}
+        if device.type != "cpu":
+            return {}
+        dtype = matmul_dtype(device, train.get("precision") == "bf16", train.get("bf16_gemm", "auto"))
+        if (dtype, threads) not in self.peaks:
+            self.peaks[dtype, threads] = measure_cpu_peak(dtype, threads)
+        return peaks_environment(self.peaks)
+
+
 @dataclass
 class Probe:
     wall_s: float  # the slowest of the probe's processes, start to exit (setup and compilation included)
     step_s: float  # median step time after the warm-up steps
 
 
-def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps: int = PROBE_STEPS) -> Probe:
-    """Train `layout.processes` copies of the run at once for `steps` steps each."""
+def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps: int = PROBE_STEPS,
+               starter: Optional[WarmStarter] = None, peaks: Optional[StudyPeaks] = None) -> Probe:
+    """Train `layout.processes` copies of the run at once for `steps` steps each, started as the study's
+    runs are (from `starter`, with the study's `peaks`), so that the wall time counts their start-up."""
     tree = json.loads(json.dumps(tree))
     tree["train"].update(steps=steps, phases=[], eval_every=steps, eval_batches=1, checkpoint_every=steps, tensorboard=False, progress=False, checkpoint_steps=[])
     for key in ("tokens", "init_from", "branch_from", "branch_step", "warmup_steps"):  # the run's own schedule
@@ -125,15 +158,15 @@ def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     (folder / "probe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    env = {**os.environ, **layout.environment(study_dir)}
+    env = {**os.environ, **layout.environment(study_dir), **(peaks.environment(tree, layout.threads) if peaks else {})}
+    logs = [folder / f"p{i}.log" for i in range(layout.processes)]
     start = time.perf_counter()
-    processes = [subprocess.Popen([sys.executable, "-m", "ropelab", "train", "--config", str(folder / "probe.yaml"),
-                                   "--out", str(folder / f"p{i}"), "--no-progress"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE) for i in range(layout.processes)]
-    for process in processes:
-        _, stderr = process.communicate()
-        if process.returncode != 0:
-            raise RuntimeError(f"engine probe ({layout.describe()}) failed: " + stderr.decode(errors="replace")[-800:])
+    processes = [(starter.start if starter else plain_start)(["train", "--config", str(folder / "probe.yaml"),
+                                                              "--out", str(folder / f"p{i}"), "--no-progress"], env, log)
+                 for i, log in enumerate(logs)]
+    for process, log in zip(processes, logs):
+        if process.wait() != 0:
+            raise RuntimeError(f"engine probe ({layout.describe()}) failed: " + log.read_text(errors="replace")[-800:])
     wall = time.perf_counter() - start
     steps = [statistics.median(1.0 / row["tokens_per_s"] for row in read_metrics(folder / f"p{i}")
                                if row.get("step", 0) > WARMUP_STEPS and row.get("tokens_per_s"))
@@ -219,5 +252,5 @@ def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cor
     return layouts
 
 
-__all__ = ["COMPILE_ENV", "ENGINES", "Layout", "choose_layout", "cpp_compiler", "decide", "eager_layout", "group_key",
+__all__ = ["COMPILE_ENV", "ENGINES", "Layout", "StudyPeaks", "choose_layout", "cpp_compiler", "decide", "eager_layout", "group_key",
            "installed_allocator"]

@@ -1,9 +1,11 @@
 """Run a study: every planned run as an ordinary training run under ``DIR/runs/<id>/``.
 
-Each run is a separate ``python -m ropelab train`` process (a crash stays in its run), up to
-``jobs`` at once, with the CPU threads split between them. Finished runs (``result.json``)
-are skipped, unfinished ones resume from their last checkpoint, failed ones get
-``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
+Each run is a separate ``ropelab train`` process (a crash stays in its run): with the ``eager``
+engine a fresh Python, up to ``jobs`` at once, with the CPU threads split between them; with ``auto``
+forked from the study's warm-start server (`ropelab.study.warm_start`) in the layout that
+`ropelab.study.engine` measured, with the CPU's matmul peak measured once for the study instead of in
+every trainer. Finished runs (``result.json``) are skipped, unfinished ones resume from their last
+checkpoint, failed ones get ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
 student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
 the KD runs that share a teacher and their batches read one cache of its targets, written before the
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import yaml
 
@@ -38,9 +40,10 @@ from ropelab.files import refuse_links_out, write_atomically
 from ropelab.sources.init import run_config
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
-from ropelab.study.engine import Layout, decide, group_key
+from ropelab.study.engine import Layout, StudyPeaks, choose_layout, decide, group_key, run_probes
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.study.teacher_cache import shared_caches, write_shared_cache
+from ropelab.study.warm_start import WarmStarter, WarmTrainer, plain_start
 from ropelab.train.checkpoint import latest_checkpoint
 from ropelab.train.lock import RunLock, RunLocked, is_locked
 from ropelab.train.metrics import read_metrics
@@ -52,8 +55,7 @@ from ropelab.train.stop import EX_TEMPFAIL, INTERRUPTED, STOP_SIGNALS, StoppedBy
 class RunState:
     run: PlannedRun
     status: str = "queued"  # queued, running, done, failed, interrupted (stopped by a signal), skipped, elsewhere
-    process: Optional[subprocess.Popen] = None
-    log: Optional[object] = None
+    process: Union[subprocess.Popen, WarmTrainer, None] = None
     layout: Optional[Layout] = None  # processes, threads, compiled steps, allocator (`ropelab.study.engine`)
 
 
@@ -121,7 +123,8 @@ def _write_cache(state: RunState, study_dir: Path, caches: dict[str, Path]) -> b
 
 
 def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[str]:
-    base = [sys.executable, "-m", "ropelab", "train", "--out", str(directory), "--no-progress"]
+    """The arguments of the run's ``ropelab train``."""
+    base = ["train", "--out", str(directory), "--no-progress"]
     if latest_checkpoint(directory) is not None:
         return base + ["--resume"]
     # never started, or died before its first checkpoint: start it afresh
@@ -137,8 +140,10 @@ def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[st
     return base + ["--config", str(plan)]
 
 
-def _start(state: RunState, directory: Path, cache: Optional[Path] = None) -> None:
-    """Start the run's trainer, unless another process has finished the run or holds it by now."""
+def _start(state: RunState, directory: Path, cache: Optional[Path] = None, starter: Optional[WarmStarter] = None,
+           peaks: Optional[StudyPeaks] = None) -> None:
+    """Start the run's trainer (from `starter` where given, with the study's `peaks`), unless another
+    process has finished the run or holds it by now."""
     try:
         with RunLock(directory):  # no trainer starts in it while the study reads and cleans it
             if (directory / RESULT).is_file():
@@ -150,16 +155,14 @@ def _start(state: RunState, directory: Path, cache: Optional[Path] = None) -> No
         state.status = "elsewhere"
         return
     env = {**os.environ, **state.layout.environment(directory.parent.parent)}
-    state.log = open(directory / "train.log", "a")
-    # a session of its own: a Ctrl-C in the terminal reaches the study alone, which forwards it once
-    state.process = subprocess.Popen(command, stdout=state.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+    if peaks is not None:
+        env.update(peaks.environment(state.run.config.to_dict(), state.layout.threads))
+    state.process = (starter.start if starter else plain_start)(command, env, directory / "train.log")
     state.status = "running"
 
 
 def _finish(state: RunState, directory: Path) -> None:
     code = state.process.wait()
-    state.log.close()
     if code == 0 and (directory / RESULT).is_file():
         state.status = "done"
         return
@@ -214,7 +217,6 @@ def _fits(state: RunState, states: list[RunState], jobs: int, engine: str, cores
 def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, jobs: int, live: bool,
                 engine: str) -> dict[str, str]:
     from rich.console import Console
-    from rich.live import Live
 
     refuse_links_out(study_dir, "ropelab study")  # it cleans and writes in its runs too (train.log, error.txt)
     record_study(study_dir, study, runs)
@@ -225,10 +227,25 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
     groups: dict[str, list[PlannedRun]] = {}
     for s in queued:
         groups.setdefault(group_key(s.run.config), []).append(s.run)
-    layouts = decide(engine, groups, study_dir, jobs, cores)
-    for s in queued:
-        s.layout = layouts[group_key(s.run.config)]
     console = Console()
+    # auto: trainers forked from one warm process, the CPU's peak measured once (`ropelab.study.warm_start`)
+    warm = engine == "auto" and bool(queued)
+    with contextlib.ExitStack() as stack:
+        starter = stack.enter_context(WarmStarter(study_dir / "engine" / "warm-start.log", console.print)) if warm else None
+        peaks = StudyPeaks() if warm else None
+        measure = functools.partial(run_probes, starter=starter, peaks=peaks)
+        layouts = decide(engine, groups, study_dir, jobs, cores, choose=functools.partial(choose_layout, measure=measure))
+        for s in queued:
+            s.layout = layouts[group_key(s.run.config)]
+            if peaks is not None:  # measured before any trainer loads the cores
+                peaks.environment(s.run.config.to_dict(), s.layout.threads)
+        return _train_runs(states, study_dir, jobs, live, engine, cores, caches, console, starter, peaks)
+
+
+def _train_runs(states: list[RunState], study_dir: Path, jobs: int, live: bool, engine: str, cores: int,
+                caches: dict[str, Path], console, starter: Optional[WarmStarter], peaks: Optional[StudyPeaks]) -> dict[str, str]:
+    from rich.live import Live
+
     display_context = Live(_overview(states, study_dir), console=console, refresh_per_second=1) if live else contextlib.nullcontext()
     forwarded = 0
     with display_context as display, StopSignals(second_interrupt_aborts=False) as stop:
@@ -252,13 +269,16 @@ def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, job
                 elif s.status == "queued" and all(n == "done" for n in needs):
                     if s.run.id in caches and not _write_cache(s, study_dir, caches):
                         continue
-                    _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id))
+                    _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id), starter, peaks)
             running = sum(s.status == "running" for s in states)
             if display is not None:
                 display.update(_overview(states, study_dir))
             if not running and (stop.signum is not None or not any(s.status == "queued" for s in states)):
                 break
-            time.sleep(1.0)
+            if starter is not None:  # wakes as soon as a trainer ends
+                starter.wait_for_exit(1.0)
+            else:
+                time.sleep(1.0)
     if not live:
         console.print(_overview(states, study_dir))
     if stop.signum is not None:

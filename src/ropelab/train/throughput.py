@@ -9,7 +9,9 @@ MFU is the model's training FLOPs per second over the device's peak FLOP/s (Chow
   * on CPUs: measured. No datasheet speaks for a virtual machine's share of a CPU, and the vector
     units decide which dtype is fast (on AVX2-only CPUs bfloat16 matrix products are slower than
     float32). The figure is the best of a few timed square matrix products in the dtype the
-    training runs, on torch's threads, measured once per process (`measured_cpu_peak`).
+    training runs, on torch's threads, measured once per process (`measured_cpu_peak`), or once
+    per study: `ropelab study` measures it for its trainers and hands it to them in `PEAKS_ENV`
+    (a timed product costs about 0.4 s of every trainer's start-up; a run of a tiny size trains 1-3 s).
 
 A measured peak is only as good as the moment it was measured: other work on the machine slows the
 timed products down, and steps run once it has gone then beat the "peak" (MFU above 100%). So a
@@ -21,6 +23,8 @@ never exceeds 1 and `peak_source` says so. A datasheet peak is never changed.
 from __future__ import annotations
 
 import functools
+import math
+import os
 import re
 import time
 from collections import deque
@@ -68,10 +72,33 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
+PEAKS_ENV = "ROPELAB_CPU_PEAKS"  # "float32/1=3.8e+11,bfloat16/2=...": FLOP/s per dtype and thread count
+
+
+def peaks_environment(peaks: dict[tuple[torch.dtype, int], float]) -> dict[str, str]:
+    """`PEAKS_ENV` holding `peaks` ({(dtype, threads): FLOP/s}), for a trainer's environment."""
+    return {PEAKS_ENV: ",".join(f"{str(dtype).removeprefix('torch.')}/{threads}={flops!r}"
+                                for (dtype, threads), flops in peaks.items())}
+
+
+def given_cpu_peak(dtype: torch.dtype, threads: int) -> Optional[float]:
+    """The peak `PEAKS_ENV` gives for `dtype` on `threads`; None where it gives none or no positive number."""
+    wanted = f"{str(dtype).removeprefix('torch.')}/{threads}"
+    for entry in os.environ.get(PEAKS_ENV, "").split(","):
+        key, _, value = entry.partition("=")
+        if key.strip() == wanted:
+            try:
+                flops = float(value)
+            except ValueError:
+                return None
+            return flops if math.isfinite(flops) and flops > 0 else None
+    return None
+
+
 @functools.cache
 def measured_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None) -> float:
-    """`measure_cpu_peak`, once per process and arguments."""
-    return measure_cpu_peak(dtype, threads)
+    """`measure_cpu_peak`, once per process and arguments, unless the environment gives it (`PEAKS_ENV`)."""
+    return given_cpu_peak(dtype, threads or torch.get_num_threads()) or measure_cpu_peak(dtype, threads)
 
 
 def measure_cpu_peak(dtype: torch.dtype = torch.float32, threads: Optional[int] = None) -> float:
@@ -117,7 +144,8 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) 
     if device.type == "cpu":
         threads = torch.get_num_threads()
         dtype_name = str(dtype).removeprefix("torch.")
-        return measured_cpu_peak(dtype, threads), f"measured {dtype_name} matmul, {threads} threads"
+        by = ", once for the study" if given_cpu_peak(dtype, threads) else ""
+        return measured_cpu_peak(dtype, threads), f"measured {dtype_name} matmul, {threads} threads{by}"
     return None, f"no peak known for device type {device.type!r}: MFU not reported"
 
 
