@@ -68,3 +68,27 @@ def test_mistakes_are_one_line():
         passkey_retrieval(tiny_model(512), BYTES, RetrievalSettings(SHORT))
     with pytest.raises(ConfigError, match=r"multiples"):
         RetrievalSettings(SHORT, multiples=()).validate()
+
+
+@pytest.mark.parametrize("alphabet, allowed", [("letters", set("abcdefghijklmnopqrstuvwxyz")), ("digits", set("0123456789"))])
+def test_keys_are_made_of_the_alphabet_asked_for(alphabet, allowed):
+    from ropelab.evaluate.longctx_items import build_items, haystack_source
+
+    settings = RetrievalSettings(SHORT, multiples=(1, 2), items=3, alphabet=alphabet)
+    items = build_items(BYTES, "passkey", haystack_source(BYTES, "passkey", None, 2 * SHORT), settings.longctx_settings())
+    for item in items:
+        keys = [BYTES.decode(c).strip() for c in item.candidates]
+        assert keys[0] == item.answer and len(set(keys)) == 10
+        assert all(len(k) == 5 and set(k) <= allowed for k in keys)
+        assert BYTES.decode(item.prompt.tolist()).count(item.answer) == 2  # the needle names it twice
+    if alphabet == "digits":
+        assert all(item.answer[0] != "0" for item in items)
+
+
+def test_an_alphabet_too_small_for_the_distractors_is_one_line():
+    from ropelab.evaluate.longctx_items import make_settings
+
+    with pytest.raises(ConfigError, match=r"^distractors=26: must be >= 1 and fewer than the 26 answers of 1 letters"):
+        make_settings(answer_alphabet="letters", digits=1, distractors=26)
+    with pytest.raises(ConfigError, match=r"^answer_alphabet='greek': choose one of digits, letters"):
+        make_settings(answer_alphabet="greek")

@@ -103,7 +103,7 @@ def teacher_longctx(study: StudyFolder, results: dict, source: str = TEACHER) ->
         settings = results["settings"]
         evaluate_longctx([source], folder, tasks=retrieval_tasks(settings), lengths=settings["lengths"],
                          depths=settings["depths"], items=settings["items"], distractors=settings["distractors"],
-                         loss_windows=0, seed=settings["seed"], progress=False)
+                         answer_alphabet=settings.get("answer_alphabet", "digits"), loss_windows=0, seed=settings["seed"], progress=False)
     return json.loads(path.read_text())["runs"][0]
 
 

@@ -76,9 +76,13 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
                                       "niah_multiquery: wiki-prose (default, Wikipedia lead sections), stdlib-prose, or "
                                       "the path of RULER's own PaulGrahamEssays.json to reproduce RULER's haystacks")
     p.add_argument("--distractors", type=int, help="wrong answers the true one is ranked against (default 9)")
-    p.add_argument("--digits", type=int, help="digits of the answer (default 5)")
+    p.add_argument("--digits", type=int, help="characters of the answer (default 5)")
+    p.add_argument("--answer-alphabet", choices=("digits", "letters"),
+                   help="what passkeys and needles are made of (default digits; letters for models that never saw digits)")
     p.add_argument("--loss-length", type=int, help="loss-by-position window in tokens (default: the longest length; 0: skip)")
     p.add_argument("--loss-windows", type=int, help="validation windows for loss by position (default 4)")
+    p.add_argument("--loss-place", choices=("start", "inside"),
+                   help="loss-by-position windows at document starts (default) or at random offsets inside long documents")
     p.add_argument("--seed", type=int, help="item seed (default 0): equal seeds give equal items to runs of one data config")
     p.add_argument("--batch-size", type=int, help="prompts (or loss windows) per forward pass (default 8)")
     _add_device(p)
@@ -87,8 +91,8 @@ def _add_eval_longctx(p: argparse.ArgumentParser) -> None:
 def cmd_eval_longctx(args: argparse.Namespace) -> int:
     from ropelab.evaluate.longctx import evaluate_longctx
 
-    names = ("tasks", "lengths", "depths", "items", "threshold", "haystack", "distractors", "digits", "loss_length",
-             "loss_windows", "seed", "batch_size", "device")
+    names = ("tasks", "lengths", "depths", "items", "threshold", "haystack", "distractors", "digits", "answer_alphabet",
+             "loss_length", "loss_windows", "loss_place", "seed", "batch_size", "device")
     return _evaluate_sources(args, names, evaluate_longctx, "longctx.md")
 
 
