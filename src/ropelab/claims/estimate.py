@@ -3,7 +3,8 @@ time from a few measured training steps of each distinct shape.
 
 The measure is one optimizer step of a fresh model on random tokens at the run's micro-batch and
 window (after one warm-up step), on the threads each run gets with `jobs` runs at once. Evaluation,
-process start and checkpoints come on top as `OVERHEAD` per run. A distillation teacher's forward
+process start and checkpoints come on top as `OVERHEAD` per run, by the study's engine: ``auto`` forks
+its trainers from a warm server (`ropelab.study.warm_start`), which saves the imports. A distillation teacher's forward
 passes (once per shared cache with ``teacher_cache``, else once per run) are priced at the FLOP rate
 the students' steps reached, times `jobs` (the cache is written on every core before the runs start).
 """
@@ -28,7 +29,9 @@ from ropelab.study.grid import PlannedRun, StudyConfig, expand
 from ropelab.study.plan import phase_counts
 from ropelab.study.teacher_cache import shared_caches
 
-OVERHEAD = 12.0  # seconds per run: process start, data, evaluations and checkpoints (measured on tiny runs)
+# seconds per run: process start, data, evaluations and checkpoints, measured on tiny runs (eager); a warm
+# start took an 18-step run of the claims' smallest size from 3.79 to 0.47 s (`benchmarks/engine.py --parts startup`)
+OVERHEAD = {"eager": 12.0, "auto": 12.0 - (3.79 - 0.47)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,7 +113,7 @@ def study_estimate(study: StudyConfig, jobs: int = 1, measure: bool = True) -> d
     for run in runs:
         vocab = _vocab(run) if measure else None
         counts = phase_counts(run.config)
-        seconds = OVERHEAD
+        seconds = OVERHEAD[study.engine]
         for count in counts:
             phase = count.phase
             tc, seq = phase.config.train, phase.config.data.seq_len
