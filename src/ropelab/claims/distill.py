@@ -329,10 +329,13 @@ def _judged(setting: Setting, judge: Callable[[Setting, Mapping[str, Path]], Fin
     found = study_advantage(study.path, Path(setting.teacher_source(study)), study.seed_runs(setting.ce)[0].path)
     advantage = (f"The teacher's advantage, measured first ({found['corpus']}, short window {found['short_window']}, "
                  f"loss by position over {found['length']}): {'; '.join(found['reasons'])}.")
-    if not found["advantage"]:
-        return Finding(measured=advantage, verdict=Verdict(INCONCLUSIVE, f"{NO_ADVANTAGE}: {'; '.join(found['reasons'])}"),
-                       table=_advantage_rows(found), note=label, regime=_regime(setting, study))
     finding = judge(setting, studies)
+    if not found["advantage"]:  # measured all the same, so that the figures are there to read, but not a verdict
+        return dataclasses.replace(
+            finding, verdict=Verdict(INCONCLUSIVE, f"{NO_ADVANTAGE}: {'; '.join(found['reasons'])}"),
+            measured=(f"{advantage} Measured all the same, not a verdict (with a teacher that had the advantage it "
+                      f"would read \"{finding.verdict.outcome}\"): {finding.measured}"),
+            table=finding.table or _advantage_rows(found), note=label + finding.note)
     return dataclasses.replace(finding, measured=f"{advantage} {finding.measured}", note=label + finding.note)
 
 
