@@ -1,6 +1,6 @@
 """The draft study configs/claims/distill-scratch.yaml holds the design of issue #50: a teacher several
 times a student's non-embedding parameters, at 8x the short window, theta 500k, on long documents;
-six student variants x two seeds on short data only; >= 20 tokens per parameter everywhere."""
+six student variants x three seeds on short data only; >= 20 tokens per parameter everywhere."""
 
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ def test_teacher_knows_long_context_and_outsizes_the_students(runs):
         assert tokens >= 20 * params(config, False)
 
 
-def test_six_variants_two_seeds_on_short_data_only(runs):
+def test_six_variants_three_seeds_on_short_data_only(runs):
     runs = {name: config for name, config in runs.items() if name != "teacher"}
-    assert len(runs) == 12 and {c.seed for c in runs.values()} == {0, 1}
+    assert len(runs) == 18 and {c.seed for c in runs.values()} == {0, 1, 2}
     kd = {name for name, c in runs.items() if c.distill is not None}
-    assert kd == {name for name in runs if name.startswith("kd-")} and len(kd) == 6
+    assert kd == {name for name in runs if name.startswith("kd-")} and len(kd) == 9
     assert all(runs[name].distill.teacher == "@teacher" for name in kd)
     tokens = {sum(count.tokens for count in phase_counts(c)) for c in runs.values()}
     assert len(tokens) == 1  # equal tokens
