@@ -30,7 +30,7 @@ def dump(path: Path, data) -> None:
 def scratch_study(root: Path, tail: dict[str, float], passkey: dict[str, float]) -> Path:
     """Every run of the shipped from-scratch study with a result.json, and the study's longctx.json:
     per variant (and the teacher) a loss of `tail` from position 128 on and a passkey exact match of
-    `passkey` beyond 128; seed 1 adds 0.01 to the loss and takes 0.01 off the passkey."""
+    `passkey` beyond 128; seed N adds 0.01 N to the loss and takes 0.01 N off the passkey."""
     entries = []
     for run, folder, variant, shift in shipped_runs(root, SCRATCH.study):
         dump(folder / "result.json", {"steps": 640, "final_val_loss": tail[variant] - 0.5 + shift})
@@ -96,7 +96,7 @@ def test_with_the_advantage_the_scratch_study_decides_kd_against_ce_at_every_sch
     assert [p.rsplit("theta ", 1)[1] for p in parts if "loss by position" in p] == ["10k -> 500k", "500k", "10k"]
     assert found.measured.startswith("The teacher's advantage, measured first (shakespeare, short window 128")
     assert "trained from scratch" in found.measured
-    assert "kd-10k-500k 59.5 (60.0, 59.0)" in found.measured  # the mean and both seeds, passkey beyond 128 (%)
+    assert "kd-10k-500k 59.0 (60.0, 59.0, 58.0)" in found.measured  # the mean and every seed, passkey beyond 128 (%)
     assert found.note.startswith(f"Setting: {SCRATCH.label}. ") and "here at each of them" in found.note
     assert "passkey (exact match, %, by prompt length): teacher 128: 100, 256: 90" in found.note
 
