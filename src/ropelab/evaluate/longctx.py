@@ -139,12 +139,14 @@ def position_windows(split, length: int, count: int, seed: int, place: str = "st
         raise ConfigError(f"loss_place={place!r}: choose one of {', '.join(WINDOW_PLACES)}")
     if place == "inside":
         offsets_per_doc = lengths[long_docs] - length  # window starts that stay inside each long document
-        if offsets_per_doc.sum() < count:
-            raise ConfigError(f"loss by position: the validation split has {offsets_per_doc.sum()} window starts "
+        ends = np.cumsum(offsets_per_doc)  # the window starts of documents 0..d, counted together
+        total = int(offsets_per_doc.sum())
+        if total < count:
+            raise ConfigError(f"loss by position: the validation split has {total} window starts "
                               f"inside documents of at least {length + 1} tokens, fewer than the {count} windows asked for")
-        picks = rng.choice(int(offsets_per_doc.sum()), size=count, replace=False)
-        doc_of = np.searchsorted(np.cumsum(offsets_per_doc), picks, side="right")
-        first = starts[long_docs[doc_of]] + picks - np.concatenate([[0], np.cumsum(offsets_per_doc)])[doc_of]
+        picks = rng.choice(total, size=count, replace=False)
+        doc_of = np.searchsorted(ends, picks, side="right")
+        first = starts[long_docs[doc_of]] + picks - (ends - offsets_per_doc)[doc_of]
         return np.stack([split.tokens(int(f), int(f) + length + 1) for f in first]), count
     fits = np.flatnonzero(starts + length + 1 <= split.num_tokens)
     chosen = list(rng.permutation(long_docs)[:count])
