@@ -24,9 +24,10 @@ def test_auto_picks_the_fastest_measured_layout_and_records_every_figure(tmp_pat
     speeds = {(1, 2, False): 0.010, (2, 1, False): 0.008, (2, 1, True): 0.005}
     record = choose_layout({}, runs=4, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler="g++",
                            allocator=None, measure=fake_measure(lambda layout: speeds[(layout.processes, layout.threads, layout.compile)]))
-    assert record["chosen"] == {"processes": 2, "threads": 1, "compile": True, "allocator": None}
+    assert record["chosen"] == {"processes": 2, "threads": 1, "compile": True, "allocator": None, "stack": 1}
     assert [m["estimate_s"] for m in record["measured"]] == pytest.approx([4 * (1 + 10000 * 0.010), 2 * (1 + 10000 * 0.008), 2 * (11 + 10000 * 0.005)])
-    assert record["notes"] == ["no tcmalloc or jemalloc installed: glibc malloc"]
+    assert record["notes"] == ["no tcmalloc or jemalloc installed: glibc malloc",
+                              "stacked members not tried: fewer than two runs start from nothing"]
 
 
 def test_compile_time_counts_and_a_short_group_stays_eager(tmp_path):
@@ -53,6 +54,50 @@ def test_an_allocator_is_measured_on_the_best_layout(tmp_path):
     assert "LD_PRELOAD" in Layout(**record["chosen"]).environment(tmp_path)
 
 
+def test_stacked_members_are_measured_on_the_best_layout_and_chosen_where_they_pay(tmp_path):
+    # 10 runs start from nothing, 6 branch off them; stacked, a step of 5 members costs what 2.5 single steps do
+    def step_s(layout):
+        return 0.010 * layout.stack / 2 if layout.stack > 1 else {1: 0.012, 2: 0.010}[layout.processes]
+
+    record = choose_layout({}, runs=16, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler=None,
+                           allocator=None, measure=fake_measure(step_s), alone=10, unstackable=None)
+    assert record["chosen"] == {"processes": 2, "threads": 1, "compile": False, "allocator": None, "stack": 5}
+    stacked = record["measured"][-1]
+    # one round of two stacks of 5, then the 6 other runs in 3 rounds of the two single-thread trainers
+    assert stacked["estimate_s"] == pytest.approx((1 + 10000 * 0.025) + 3 * (1 + 10000 * 0.010))
+    assert len(record["measured"]) == 3 and record["notes"][-1] == "no tcmalloc or jemalloc installed: glibc malloc"
+
+
+def test_stacked_members_that_do_not_pay_are_measured_and_left(tmp_path):
+    record = choose_layout({}, runs=4, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler=None, allocator=None,
+                           measure=fake_measure(lambda layout: 0.0101 * layout.stack if layout.stack > 1 else 0.010), alone=4, unstackable=None)
+    assert record["chosen"]["stack"] == 1 and record["measured"][-1]["stack"] == 2
+
+
+@pytest.mark.parametrize("alone, unstackable, note", [
+    (4, "model.parallel_block: not supported stacked", "model.parallel_block: not supported stacked"),
+    (1, None, "fewer than two runs start from nothing"),
+])
+def test_stacking_not_tried_says_why(tmp_path, alone, unstackable, note):
+    tried = []
+    record = choose_layout({}, runs=4, steps=1000, cores=2, folder=tmp_path, study_dir=tmp_path, compiler=None, allocator=None,
+                           measure=fake_measure(lambda layout: tried.append(layout) or 0.01), alone=alone,
+                           unstackable=unstackable)
+    assert all(layout.stack == 1 for layout in tried)
+    assert record["notes"][-1] == f"stacked members not tried: {note}"
+
+
+def test_a_stacked_layout_trains_uncompiled_and_says_so(tmp_path):
+    layout = Layout(1, 2, compile=True, stack=8)
+    assert layout.describe() == "1 x 2 thread(s), compiled, 8 runs stacked"
+    assert engine.COMPILE_ENV not in engine.trainer_layout(layout).environment(tmp_path)
+    assert engine.trainer_command([(tmp_path / "a.yaml", tmp_path / "a")]) == [
+        "train", "--config", str(tmp_path / "a.yaml"), "--out", str(tmp_path / "a"), "--no-progress"]
+    assert engine.trainer_command([(tmp_path / "a.yaml", tmp_path / "a"), (tmp_path / "b.yaml", tmp_path / "b")]) == [
+        "train-stacked", "--member", str(tmp_path / "a.yaml"), str(tmp_path / "a"), "--member", str(tmp_path / "b.yaml"),
+        str(tmp_path / "b")]
+
+
 BASE = {"model": {"n_layer": 1, "d_model": 32, "n_head": 2, "n_kv_head": 1, "d_ff": 64},
         "data": {"tokenizer": "bytes", "seq_len": 16}, "train": {"steps": 4, "micro_batch": 2}}
 
@@ -66,7 +111,7 @@ def test_decide_measures_each_group_once_and_reuses_the_record(tmp_path):
     assert len(groups) == 2 and all(len(runs) == 2 for runs in groups.values())
     calls, lines = [], []
 
-    def choose(tree, runs, steps, cores, folder, study_dir):
+    def choose(tree, runs, steps, cores, folder, study_dir, alone, unstackable):
         calls.append(tree["model"]["n_layer"])
         return {"chosen": {"processes": 2, "threads": 1, "compile": True, "allocator": None}, "measured": [], "notes": []}
 
@@ -96,7 +141,7 @@ def test_a_group_whose_probe_fails_is_trained_eager_with_the_reason(tmp_path):
     study = StudyConfig(base={**BASE, "train": {"steps": 2000, "micro_batch": 2}}, grid={"seed": [0, 1]})
     groups = {"g": expand(study)}
 
-    def choose(*args):
+    def choose(*args, **kwargs):
         raise RuntimeError("engine probe (1 x 2 thread(s), eager) failed: out of memory")
 
     lines = []
@@ -124,6 +169,7 @@ def test_the_cpu_peak_is_measured_once_per_dtype_and_threads_for_the_whole_study
 
 def test_estimate_counts_rounds_of_runs():
     assert estimate_s(Probe(2.0, 0.1), Layout(2, 1), runs=3, steps=116) == 2 * (2.0 + 100 * 0.1)
+    assert estimate_s(Probe(2.0, 0.1), Layout(2, 1, stack=4), runs=9, steps=116) == 2 * (2.0 + 100 * 0.1)
 
 
 def test_an_unknown_engine_is_one_line(tmp_path):

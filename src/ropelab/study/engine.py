@@ -9,7 +9,11 @@ and precision, from short trainings of one of the group's runs on this machine:
 * compiled steps (``torch.compile``, inductor's C++ backend; only where a C++ compiler is found),
   with the inductor cache kept in ``DIR/engine/inductor`` for every run of the study; the compile
   time is counted, since a probe's whole wall time enters the estimate;
-* the allocator: tcmalloc or jemalloc through ``LD_PRELOAD`` where one is installed.
+* the allocator: tcmalloc or jemalloc through ``LD_PRELOAD`` where one is installed;
+* stacked members (`ropelab.train.stacked_loop`): the group's runs that start from nothing, up to
+  ``STACK_MAX`` of them trained as one model in one process (HFTA), where `stack_refusal` allows it.
+  Its probe trains that many copies stacked; the group's other runs (those that branch off another
+  run) train as the best unstacked layout says.
 
 ``auto``'s trainers are forked from the study's warm-start server (`ropelab.study.warm_start`) instead
 of starting a fresh Python each, with the CPU's matmul peak measured once for the study (`StudyPeaks`).
@@ -35,6 +39,7 @@ import statistics
 import sys
 import sysconfig
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -50,6 +55,7 @@ from ropelab.train.distributed import resolve_device
 from ropelab.train.loop import COMPILE_ENV
 from ropelab.train.metrics import read_metrics
 from ropelab.train.phases import resolve_phases
+from ropelab.train.stacked_model import stack_refusal
 from ropelab.train.throughput import measure_cpu_peak, peaks_environment
 
 ENGINES = ("auto", "eager")
@@ -58,6 +64,7 @@ WARMUP_STEPS = 4  # a probe's first steps (compilation, first touches) are left 
 MEASURED_FROM_STEPS = 50 * PROBE_STEPS  # a group training fewer steps in all is not worth its probes: eager
 RECORD = "engine.json"
 ALLOCATOR_NAMES = ("libtcmalloc_minimal.so*", "libtcmalloc.so*", "libjemalloc.so*")
+STACK_MAX = 16  # members of one stacked process: beyond this the step is long enough that stacking gains nothing
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,14 @@ class Layout:
     threads: int
     compile: bool = False
     allocator: Optional[str] = None  # a malloc library put in LD_PRELOAD
+    stack: int = 1  # runs trained as one stacked model per process (`ropelab.train.stacked_loop`)
 
     def describe(self) -> str:
         parts = [f"{self.processes} x {self.threads} thread(s)", "compiled" if self.compile else "eager"]
         if self.allocator:
             parts.append(Path(self.allocator).name.split(".so")[0])
+        if self.stack > 1:
+            parts.append(f"{self.stack} runs stacked")
         return ", ".join(parts)
 
     def environment(self, study_dir: Path) -> dict[str, str]:
@@ -141,6 +151,20 @@ class StudyPeaks:
         return peaks_environment(self.peaks)
 
 
+def trainer_command(members: list[tuple[Path, Path]]) -> list[str]:
+    """The ``ropelab`` arguments that train each (config file, run folder) of `members`: one run with
+    ``train``, or several stacked in one process with ``train-stacked``."""
+    if len(members) == 1:
+        config, out = members[0]
+        return ["train", "--config", str(config), "--out", str(out), "--no-progress"]
+    return ["train-stacked", *[arg for config, out in members for arg in ("--member", str(config), str(out))]]
+
+
+def trainer_layout(layout: Layout) -> Layout:
+    """What a process of `layout` runs as: a stacked process trains its own batched model, not compiled."""
+    return dataclasses.replace(layout, compile=False) if layout.stack > 1 else layout
+
+
 @dataclass
 class Probe:
     wall_s: float  # the slowest of the probe's processes, start to exit (setup and compilation included)
@@ -158,17 +182,19 @@ def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     (folder / "probe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    env = {**os.environ, **layout.environment(study_dir), **(peaks.environment(tree, layout.threads) if peaks else {})}
+    env = {**os.environ, **trainer_layout(layout).environment(study_dir),
+           **(peaks.environment(tree, layout.threads) if peaks else {})}
     logs = [folder / f"p{i}.log" for i in range(layout.processes)]
+    members = {i: [folder / f"p{i}" / f"m{j}" for j in range(layout.stack)] if layout.stack > 1 else [folder / f"p{i}"]
+               for i in range(layout.processes)}
     start = time.perf_counter()
-    processes = [(starter.start if starter else plain_start)(["train", "--config", str(folder / "probe.yaml"),
-                                                              "--out", str(folder / f"p{i}"), "--no-progress"], env, log)
+    processes = [(starter.start if starter else plain_start)(trainer_command([(folder / "probe.yaml", out) for out in members[i]]), env, log)
                  for i, log in enumerate(logs)]
     for process, log in zip(processes, logs):
         if process.wait() != 0:
             raise RuntimeError(f"engine probe ({layout.describe()}) failed: " + log.read_text(errors="replace")[-800:])
     wall = time.perf_counter() - start
-    steps = [statistics.median(1.0 / row["tokens_per_s"] for row in read_metrics(folder / f"p{i}")
+    steps = [statistics.median(1.0 / row["tokens_per_s"] for row in read_metrics(members[i][0])
                                if row.get("step", 0) > WARMUP_STEPS and row.get("tokens_per_s"))
              for i in range(layout.processes)]
     tokens_per_step = tree["train"].get("micro_batch", 1) * tree["train"].get("grad_accum", 1) * tree["data"]["seq_len"]
@@ -177,22 +203,25 @@ def run_probes(tree: dict, layout: Layout, folder: Path, study_dir: Path, steps:
 
 
 def estimate_s(probe: Probe, layout: Layout, runs: int, steps: int, probe_steps: int = PROBE_STEPS) -> float:
-    """The group's estimated time: its rounds of `layout.processes` runs, each probe wall + remaining steps."""
+    """The group's estimated time: its rounds of `layout.processes` processes (each `layout.stack` runs),
+    each probe wall + remaining steps."""
     per_run = probe.wall_s + max(0, steps - probe_steps) * probe.step_s
-    return math.ceil(runs / layout.processes) * per_run
+    return math.ceil(runs / (layout.processes * layout.stack)) * per_run
 
 
 def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, study_dir: Path,
                   measure: Callable[..., Probe] = run_probes, compiler: Optional[str] = "auto",
-                  allocator: Optional[str] = "auto", probe_steps: int = PROBE_STEPS) -> dict:
-    """Measure the candidates for one group (module docstring); the record of the choice."""
+                  allocator: Optional[str] = "auto", probe_steps: int = PROBE_STEPS, alone: int = 0,
+                  unstackable: Optional[str] = None) -> dict:
+    """Measure the candidates for one group (module docstring); the record of the choice. `alone` of the
+    `runs` start from nothing, and may be stacked unless `unstackable` says why not."""
     compiler = cpp_compiler() if compiler == "auto" else compiler
     allocator = installed_allocator() if allocator == "auto" else allocator
-    measured = []
+    measured, probes = [], {}
 
-    def trial(layout: Layout) -> float:
-        probe = measure(tree, layout, folder, study_dir)
-        seconds = estimate_s(probe, layout, runs, steps, probe_steps)
+    def trial(layout: Layout, estimate: Optional[Callable[[Probe], float]] = None) -> float:
+        probe = probes[layout] = measure(tree, layout, folder, study_dir)
+        seconds = estimate(probe) if estimate else estimate_s(probe, layout, runs, steps, probe_steps)
         measured.append({**asdict(layout), "wall_s": round(probe.wall_s, 3), "step_s": round(probe.step_s, 6),
                          "estimate_s": round(seconds, 2)})
         return seconds
@@ -212,6 +241,19 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
         with_allocator = Layout(best.processes, best.threads, best.compile, allocator)
         if trial(with_allocator) < min(m["estimate_s"] for m in measured[:-1]):
             best = with_allocator
+    if unstackable is not None or alone < 2:
+        notes.append(f"stacked members not tried: {unstackable or 'fewer than two runs start from nothing'}")
+    else:
+        members = min(STACK_MAX, math.ceil(alone / best.processes))
+        stacked = dataclasses.replace(best, stack=members)
+        best_probe = probes[best]
+
+        def stacked_estimate(probe: Probe) -> float:  # the stacked runs, then the others as `best` trains them
+            return (estimate_s(probe, stacked, alone, steps, probe_steps)
+                    + (estimate_s(best_probe, best, runs - alone, steps, probe_steps) if runs > alone else 0.0))
+
+        if trial(stacked, stacked_estimate) < min(m["estimate_s"] for m in measured[:-1]):
+            best = stacked
     return {"chosen": asdict(best), "measured": measured, "notes": notes, "runs": runs, "steps": steps,
             "probe_steps": probe_steps}
 
@@ -238,19 +280,20 @@ def decide(engine: str, groups: dict[str, list], study_dir: Path, jobs: int, cor
             else:
                 try:
                     record["groups"][key] = choose(alone[0].config.to_dict(), len(runs), steps, cores,
-                                                   study_dir / "engine" / "probe", study_dir)
+                                                   study_dir / "engine" / "probe", study_dir, alone=len(alone),
+                                                   unstackable=stack_refusal([run.config for run in alone]))
                 except RuntimeError as exc:  # a probe that cannot train says so; the runs themselves still can
                     record["groups"][key] = {"chosen": asdict(eager_layout(jobs, cores)), "measured": [],
                                              "notes": [f"eager: {' '.join(str(exc).split())[:300]}"]}
             write_atomically(path, json.dumps(record, indent=2))
         entry = record["groups"][key]
         layouts[key] = Layout(**entry["chosen"])
-        figures = ", ".join(f"{Layout(**{k: m[k] for k in ('processes', 'threads', 'compile', 'allocator')}).describe()}"
+        figures = ", ".join(f"{Layout(**{k: m[k] for k in ('processes', 'threads', 'compile', 'allocator', 'stack') if k in m}).describe()}"
                             f" ~{m['estimate_s']:.0f} s" for m in entry["measured"])
         echo(f"engine {key} ({len(runs)} runs): {layouts[key].describe()}" + (f" [measured: {figures}]" if figures else "")
              + "".join(f"; {note}" for note in entry["notes"]))
     return layouts
 
 
-__all__ = ["COMPILE_ENV", "ENGINES", "Layout", "StudyPeaks", "choose_layout", "cpp_compiler", "decide", "eager_layout", "group_key",
-           "installed_allocator"]
+__all__ = ["COMPILE_ENV", "ENGINES", "Layout", "STACK_MAX", "StudyPeaks", "choose_layout", "cpp_compiler", "decide", "eager_layout",
+           "group_key", "installed_allocator", "trainer_command", "trainer_layout"]

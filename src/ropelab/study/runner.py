@@ -4,7 +4,10 @@ Each run is a separate ``ropelab train`` process (a crash stays in its run): wit
 engine a fresh Python, up to ``jobs`` at once, with the CPU threads split between them; with ``auto``
 forked from the study's warm-start server (`ropelab.study.warm_start`) in the layout that
 `ropelab.study.engine` measured, with the CPU's matmul peak measured once for the study instead of in
-every trainer. Finished runs (``result.json``) are skipped, unfinished ones resume from their last
+every trainer. Where that layout stacks members, runs of the group that start from nothing train
+together in one ``ropelab train-stacked`` process (`ropelab.train.stacked_loop`), each into its own
+folder as a run of its own would; a diverging member fails alone, and a member stopped by a signal
+continues alone next time. Finished runs (``result.json``) are skipped, unfinished ones resume from their last
 checkpoint, failed ones get ``error.txt`` and are retried on the next invocation. ``DIR/study.yaml`` records the grid;
 a directory holding another grid is refused. A run that refers to another (``"@<id>"``, e.g. a
 student's teacher) waits until that run is done, and is skipped if it failed. With ``teacher_cache``
@@ -40,7 +43,9 @@ from ropelab.files import refuse_links_out, write_atomically
 from ropelab.sources.init import run_config
 from ropelab.sources.runs import CONFIG, RESULT
 from ropelab.study.frontier import read_study_record
-from ropelab.study.engine import Layout, StudyPeaks, choose_layout, decide, group_key, run_probes
+from ropelab.study.engine import (
+    Layout, StudyPeaks, choose_layout, decide, group_key, run_probes, trainer_command, trainer_layout,
+)
 from ropelab.study.grid import PlannedRun, StudyConfig, expand, references, resolve_references
 from ropelab.study.teacher_cache import shared_caches, write_shared_cache
 from ropelab.study.warm_start import WarmStarter, WarmTrainer, plain_start
@@ -56,7 +61,9 @@ class RunState:
     run: PlannedRun
     status: str = "queued"  # queued, running, done, failed, interrupted (stopped by a signal), skipped, elsewhere
     process: Union[subprocess.Popen, WarmTrainer, None] = None
-    layout: Optional[Layout] = None  # processes, threads, compiled steps, allocator (`ropelab.study.engine`)
+    layout: Optional[Layout] = None  # processes, threads, compiled steps, allocator, stack (`ropelab.study.engine`)
+    log: Optional[Path] = None  # where its trainer writes, when not the run's own train.log (a stacked process)
+    stackable: bool = True  # False once the run has a checkpoint of its own to resume: it trains alone
 
 
 def run_dir(study_dir: Path, run_id: str) -> Path:
@@ -124,9 +131,16 @@ def _write_cache(state: RunState, study_dir: Path, caches: dict[str, Path]) -> b
 
 def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[str]:
     """The arguments of the run's ``ropelab train``."""
-    base = ["train", "--out", str(directory), "--no-progress"]
+    plan = _plan(state, directory, cache)
+    if plan is None:
+        return ["train", "--out", str(directory), "--no-progress", "--resume"]
+    return trainer_command([(plan, directory)])
+
+
+def _plan(state: RunState, directory: Path, cache: Optional[Path]) -> Optional[Path]:
+    """The run's config for a fresh start, written to DIR/plan/<id>.yaml; None when it resumes from a checkpoint."""
     if latest_checkpoint(directory) is not None:
-        return base + ["--resume"]
+        return None
     # never started, or died before its first checkpoint: start it afresh
     for name in (CONFIG, "metrics.jsonl", "error.txt"):
         (directory / name).unlink(missing_ok=True)
@@ -137,7 +151,7 @@ def _command(state: RunState, directory: Path, cache: Optional[Path]) -> list[st
     if cache is not None:  # the study's shared teacher targets (`ropelab.study.teacher_cache`)
         tree["distill"]["logits_cache"] = str(cache)
     plan.write_text(yaml.safe_dump(tree, sort_keys=False))
-    return base + ["--config", str(plan)]
+    return plan
 
 
 def _start(state: RunState, directory: Path, cache: Optional[Path] = None, starter: Optional[WarmStarter] = None,
@@ -161,9 +175,54 @@ def _start(state: RunState, directory: Path, cache: Optional[Path] = None, start
     state.status = "running"
 
 
+def _start_stack(members: list[RunState], study_dir: Path, starter: Optional[WarmStarter] = None,
+                 peaks: Optional[StudyPeaks] = None) -> None:
+    """Start `members` (runs of one group that start from nothing) stacked in one process. A member that
+    another process has finished or holds by now is marked so; one with a checkpoint waits to resume alone."""
+    planned = []
+    for state in members:
+        directory = run_dir(study_dir, state.run.id)
+        try:
+            with RunLock(directory):
+                if (directory / RESULT).is_file():
+                    state.status = "done"
+                elif latest_checkpoint(directory) is not None:
+                    state.stackable = False
+                else:
+                    planned.append((state, _plan(state, directory, None), directory))
+        except RunLocked:
+            state.status = "elsewhere"
+    if not planned:
+        return
+    layout = planned[0][0].layout
+    env = {**os.environ, **trainer_layout(layout).environment(study_dir)}
+    if peaks is not None:
+        env.update(peaks.environment(planned[0][0].run.config.to_dict(), layout.threads))
+    log = study_dir / "engine" / "stacks" / f"{planned[0][0].run.id}.log" if len(planned) > 1 else planned[0][2] / "train.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    process = (starter.start if starter else plain_start)(trainer_command([(plan, directory) for _, plan, directory in planned]),
+                                                          env, log)
+    for state, _, _ in planned:
+        state.process, state.log, state.status = process, log if len(planned) > 1 else None, "running"
+
+
+def _stack_companions(state: RunState, states: list[RunState], caches: dict[str, Path]) -> Optional[list[RunState]]:
+    """The queued runs that start stacked with `state` (itself first), or None when it trains alone."""
+    def stackable(s: RunState) -> bool:
+        return (s.status == "queued" and s.stackable and s.layout is not None and s.layout.stack > 1
+                and not references(s.run.config) and s.run.id not in caches)
+
+    if not stackable(state):
+        return None
+    key = group_key(state.run.config)
+    others = [s for s in states if s is not state and stackable(s) and group_key(s.run.config) == key]
+    return [state, *others[:state.layout.stack - 1]]
+
+
 def _finish(state: RunState, directory: Path) -> None:
     code = state.process.wait()
-    if code == 0 and (directory / RESULT).is_file():
+    # a stacked member is done once its result is written, whatever became of the other members
+    if (directory / RESULT).is_file() and (code == 0 or state.log is not None):
         state.status = "done"
         return
     if code in (EX_TEMPFAIL, INTERRUPTED) or -code in STOP_SIGNALS:  # its checkpoint (if any) continues it next time
@@ -173,7 +232,9 @@ def _finish(state: RunState, directory: Path) -> None:
         state.status = "elsewhere"
         return
     state.status = "failed"
-    tail = (directory / "train.log").read_text(errors="replace").strip().splitlines()[-20:]
+    if state.log is not None and (directory / "error.txt").is_file():  # the stacked trainer's own line (diverged)
+        return
+    tail = (state.log or directory / "train.log").read_text(errors="replace").strip().splitlines()[-20:]
     (directory / "error.txt").write_text(f"exit code {code}\n" + "\n".join(tail) + "\n")
 
 
@@ -208,10 +269,15 @@ def run_study(study: StudyConfig, study_dir: str | Path, jobs: int = 1, live: bo
 
 def _fits(state: RunState, states: list[RunState], jobs: int, engine: str, cores: int) -> bool:
     """Whether the run may start now: eager, below `jobs` trainers; auto, its threads within the cores."""
-    running = [s for s in states if s.status == "running"]
+    running = _processes(states)
     if engine == "eager":
         return len(running) < jobs
     return not running or sum(s.layout.threads for s in running) + state.layout.threads <= cores
+
+
+def _processes(states: list[RunState]) -> list[RunState]:
+    """One running run per trainer process (the members of a stack share theirs)."""
+    return list({id(s.process): s for s in states if s.status == "running"}.values())
 
 
 def _run_locked(study: StudyConfig, runs: list[PlannedRun], study_dir: Path, jobs: int, live: bool,
@@ -256,9 +322,8 @@ def _train_runs(states: list[RunState], study_dir: Path, jobs: int, live: bool, 
             arrived = stop.received[forwarded:]
             forwarded += len(arrived)
             for signum in arrived:  # every one: a second Ctrl-C stops the trainers at once, as it stops `ropelab train`
-                for s in states:
-                    if s.status == "running":
-                        s.process.send_signal(signum)
+                for s in _processes(states):
+                    s.process.send_signal(signum)
             status = {s.run.id: s.status for s in states}
             for s in (states if stop.signum is None else []):  # nothing new starts once the study is stopping
                 if s.status == "queued" and not _fits(s, states, jobs, engine, cores):
@@ -269,7 +334,11 @@ def _train_runs(states: list[RunState], study_dir: Path, jobs: int, live: bool, 
                 elif s.status == "queued" and all(n == "done" for n in needs):
                     if s.run.id in caches and not _write_cache(s, study_dir, caches):
                         continue
-                    _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id), starter, peaks)
+                    stack = _stack_companions(s, states, caches)
+                    if stack is not None:
+                        _start_stack(stack, study_dir, starter, peaks)
+                    else:
+                        _start(s, run_dir(study_dir, s.run.id), caches.get(s.run.id), starter, peaks)
             running = sum(s.status == "running" for s in states)
             if display is not None:
                 display.update(_overview(states, study_dir))
