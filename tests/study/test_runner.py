@@ -128,7 +128,41 @@ def _processes_naming(path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("engine", ["eager", "auto"])
+def test_stacked_members_train_in_one_process_into_their_own_folders(finished, tmp_path):
+    out = tmp_path / "stacked"
+    write_engine_record(out, Layout(1, 2, stack=2), BASE)
+    assert run_study(study(), out, live=False) == {"fraction0": "done", "fraction1": "done"}
+    assert (out / "engine" / "stacks" / "fraction0.log").is_file()  # one process trained both
+    for name in ("fraction0", "fraction1"):
+        alone, stacked = losses(finished / "runs" / name), losses(out / "runs" / name)
+        assert [row[0] for row in stacked] == [row[0] for row in alone]
+        for (_, loss, val), (_, loss_alone, val_alone) in zip(stacked, alone):
+            assert loss == pytest.approx(loss_alone, rel=1e-5)
+            assert (val is None) == (val_alone is None) and (val is None or abs(val - val_alone) < 0.002)
+        assert latest_checkpoint(out / "runs" / name) is not None
+
+
+def test_a_diverging_stacked_member_fails_alone(tmp_path):
+    # its first step throws the weights far off; each later loss is a spike (or not finite), and two stop it
+    variants = [{"name": "wild", "train.lr": 1.0e6, "train.spike_factor": 2.0, "train.spike_window": 1, "train.max_bad_steps": 2},
+                {"name": "ok"}]
+    grid = StudyConfig(name="t", base=BASE, variants=variants)
+    out = tmp_path / "s"
+    from dataclasses import asdict
+
+    from ropelab.study.engine import RECORD, group_key
+    from ropelab.study.grid import expand
+    from ropelab.study.runner import record_study
+
+    record_study(out, grid, expand(grid))
+    (out / RECORD).write_text(json.dumps({"engine": "auto", "cores": __import__("os").cpu_count(), "groups": {
+        group_key(expand(grid)[0].config): {"chosen": asdict(Layout(1, 2, stack=2)), "measured": [], "notes": []}}}))
+    statuses = run_study(grid, out, live=False)
+    assert statuses == {"wild": "failed", "ok": "done"}, (out / "engine" / "stacks" / "wild.log").read_text()[-2000:]
+    assert "consecutive bad steps" in (out / "runs/wild/error.txt").read_text()
+
+
+@pytest.mark.parametrize("engine", ["eager", "auto", "stacked"])
 def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_path, engine):
     import os
     import signal
@@ -145,11 +179,11 @@ def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"name": "t", "base": long_base, "grid": {"model.rope.fraction": [0.0, 1.0]}}))
     out = tmp_path / "s"
-    if engine == "auto":  # the choice of an earlier measurement (two single-thread trainers), read back, not measured again
-        write_engine_record(out, Layout(2, 1), long_base)
+    if engine != "eager":  # the choice of an earlier measurement, read back, not measured again
+        write_engine_record(out, Layout(2, 1) if engine == "auto" else Layout(1, 2, stack=2), long_base)
     runs = [out / "runs" / name for name in ("fraction0", "fraction1")]
     study_process = subprocess.Popen([sys.executable, "-m", "ropelab", "study", "--config", config, "--out", out, "--no-live",
-                                      "--jobs", "2", "--engine", engine], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      "--jobs", "2", "--engine", "eager" if engine == "eager" else "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
     while not all(read_metrics(run) for run in runs):  # both trainers are past their first step
@@ -165,7 +199,8 @@ def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_
         stopped_at = latest_checkpoint(run)
         assert stopped_at is not None and 0 < int(stopped_at.name.split("_")[1]) < 1500
         assert not (run / "result.json").exists() and not (run / "error.txt").exists() and not is_locked(run)
-    rerun = StudyConfig(name="t", base=long_base, grid={"model.rope.fraction": [0.0, 1.0]}, engine=engine)
+    rerun = StudyConfig(name="t", base=long_base, grid={"model.rope.fraction": [0.0, 1.0]},
+                        engine="eager" if engine == "eager" else "auto")
     assert run_study(rerun, out, jobs=2, live=False) == {"fraction0": "done", "fraction1": "done"}
     for run in runs:
         assert [r["step"] for r in read_metrics(run)] == list(range(1, 1501))  # each step once: resumed, not restarted
