@@ -14,9 +14,14 @@ from ropelab.study.grid import StudyConfig, expand, load_study
 
 
 def fake_measure(step_s):
-    """A probe whose step time depends on the layout as `step_s` says; one second of setup (10 more compiled)."""
+    """A probe whose step time depends on the layout as `step_s` says; one second of setup, compiled 10 more
+    while the inductor cache is cold (the first compiled probe) and 2 more once it is filled."""
+    compiled = []
+
     def measure(tree, layout, folder, study_dir):
-        return Probe(wall_s=1.0 + 10.0 * layout.compile, step_s=step_s(layout))
+        if layout.compile:
+            compiled.append(layout)
+        return Probe(wall_s=1.0 + (10.0 if len(compiled) == 1 else 2.0) * layout.compile, step_s=step_s(layout))
     return measure
 
 
@@ -25,7 +30,9 @@ def test_auto_picks_the_fastest_measured_layout_and_records_every_figure(tmp_pat
     record = choose_layout({}, runs=4, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler="g++",
                            allocator=None, measure=fake_measure(lambda layout: speeds[(layout.processes, layout.threads, layout.compile)]))
     assert record["chosen"] == {"processes": 2, "threads": 1, "compile": True, "allocator": None, "stack": 1}
-    assert [m["estimate_s"] for m in record["measured"]] == pytest.approx([4 * (1 + 10000 * 0.010), 2 * (1 + 10000 * 0.008), 2 * (11 + 10000 * 0.005)])
+    assert [m["estimate_s"] for m in record["measured"]] == pytest.approx([4 * (1 + 10000 * 0.010), 2 * (1 + 10000 * 0.008),
+                                                                           2 * (3 + 10000 * 0.005) + (11 - 3)])
+    assert record["measured"][-1]["cold_wall_s"] == 11 and record["measured"][-1]["wall_s"] == 3
     assert record["notes"] == ["no tcmalloc or jemalloc installed: glibc malloc",
                               "stacked members not tried: fewer than two runs start from nothing"]
 
@@ -35,6 +42,14 @@ def test_compile_time_counts_and_a_short_group_stays_eager(tmp_path):
     record = choose_layout({}, runs=1, steps=100, cores=2, folder=tmp_path, study_dir=tmp_path, compiler="g++", allocator=None,
                            measure=fake_measure(lambda layout: 0.02 if layout.compile else 0.03))
     assert record["chosen"]["compile"] is False and record["chosen"]["processes"] == 1
+
+
+def test_filling_the_compile_cache_is_paid_once_per_group(tmp_path):
+    # 20 runs of 400 steps: 10 s of cold compiling in each would lose; 10 s once and then 2 s each wins
+    record = choose_layout({}, runs=20, steps=400, cores=2, folder=tmp_path, study_dir=tmp_path, compiler="g++", allocator=None,
+                           measure=fake_measure(lambda layout: 0.02 if layout.compile else 0.03))
+    assert record["chosen"]["compile"] is True
+    assert record["measured"][-1]["estimate_s"] == pytest.approx(10 * (3 + 384 * 0.02) + 8)
 
 
 def test_without_a_compiler_or_allocator_auto_says_so_and_tries_neither(tmp_path):
