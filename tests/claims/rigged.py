@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import yaml
@@ -36,10 +37,11 @@ def write_study(folder: Path, means: dict[str, float], spread: float = 0.01) -> 
 
 
 def write_frontier_study(folder: Path, shifts: dict, params=(50_000, 100_000), budgets=(2.5, 5.0, 10.0, 20.0),
-                         spread: float = 0.01) -> Path:
+                         spread: float = 0.01, corpus_tokens: Optional[int] = None) -> Path:
     """A finished frontier study: a cooldown run per variant, size, budget and seed (0 and 1), whose final
     validation loss is a common falling curve plus the variant's shift, plus `spread` at seed 1. A
-    shift is a number, or a function of the budget's doubling (0 for the smallest budget, 1, 2, ...)."""
+    shift is a number, or a function of the budget's doubling (0 for the smallest budget, 1, 2, ...).
+    With `corpus_tokens`, each result records its passes over a training split of that many tokens."""
     record = {}
     for variant, shift in shifts.items():
         for size in params:
@@ -54,7 +56,9 @@ def write_frontier_study(folder: Path, shifts: dict, params=(50_000, 100_000), b
                     loss = 2.0 + 30.0 * tokens ** -0.3 + offset + (spread if seed else 0.0)
                     run = folder / "runs" / run_id
                     run.mkdir(parents=True)
-                    (run / "result.json").write_text(json.dumps({"steps": 10, "final_val_loss": loss, "tokens": tokens}))
+                    passes = {"data_passes": tokens / corpus_tokens} if corpus_tokens else {}
+                    (run / "result.json").write_text(json.dumps({"steps": 10, "final_val_loss": loss, "tokens": tokens,
+                                                                 **passes}))
     (folder / "study.yaml").write_text(yaml.safe_dump({"name": folder.name, "runs": {}, "frontier": record}))
     return folder
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ropelab.config import ConfigError, build_run_config
+from ropelab.data.pipeline import build_loaders
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
@@ -27,6 +28,34 @@ def test_loss_falls_and_outputs_exist(tmp_path, tiny_overrides):
     assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 30]
     assert (tmp_path / "run" / "config.yaml").is_file() and result.final_val_loss < rows[0]["loss"]
     assert (ckpt.latest_checkpoint(tmp_path / "run") / "model.safetensors").is_file()
+    # the passes over the training split: 30 steps of the global batch over the windows the split holds
+    windows = build_loaders(result_config(tmp_path / "run"))[0].num_windows
+    tc = result_config(tmp_path / "run").train
+    expected = 30 * tc.global_batch / windows
+    assert result.data_passes == pytest.approx(expected)
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["data_passes"] == pytest.approx(expected)
+
+
+def result_config(run_dir):
+    from ropelab.sources.runs import read_run_config
+
+    return read_run_config(run_dir)
+
+
+def test_data_passes_sum_each_phase_windows_over_its_split():
+    from types import SimpleNamespace
+
+    from ropelab.train.loop import data_passes
+
+    def phase(start, end, batch, windows):
+        return SimpleNamespace(start=start, end=end, config=SimpleNamespace(train=SimpleNamespace(global_batch=batch)),
+                               windows=windows)
+
+    phases = [phase(0, 100, 8, 400), phase(100, 150, 2, 10)]
+    loader = lambda p: SimpleNamespace(num_windows=p.windows)  # noqa: E731
+    assert data_passes(phases, 50, loader) == pytest.approx(1.0)
+    assert data_passes(phases, 150, loader) == pytest.approx(2.0 + 10.0)
+    assert data_passes(phases, 0, loader) == 0.0
 
 
 def test_resume_in_process_matches_uninterrupted(tmp_path, tiny_overrides):

@@ -42,8 +42,10 @@ def size_frontiers(study: StudyFolder, variants: Sequence[str] | None = None) ->
 
 
 def regime(study: StudyFolder, largest_only: bool = False) -> str:
-    """``2.5-20 tokens per non-embedding parameter (53k-160k parameters)``; with `largest_only`, the
-    largest model at its largest budget: ``20 tokens per non-embedding parameter (160k parameters)``."""
+    """``2.5-20 tokens per non-embedding parameter (53k-160k parameters; up to 0.66 passes over the
+    training data)``; with `largest_only`, the largest model at its largest budget: ``20 tokens per
+    non-embedding parameter (160k parameters; ...)``. The passes are those of the runs' result.json
+    (`ropelab.train.loop.data_passes`); runs trained before it was recorded leave them out."""
     points = study.frontier_points
     if largest_only:
         largest = max(p["params"] for p in points)
@@ -52,7 +54,10 @@ def regime(study: StudyFolder, largest_only: bool = False) -> str:
     sizes = sorted({p["params"] for p in points})
     size_text = f"{sizes[0] / 1e3:.0f}k" + (f"-{sizes[-1] / 1e3:.0f}k" if len(sizes) > 1 else "")
     ratio_text = f"{max(ratios):.3g}" if largest_only else f"{min(ratios):.3g}-{max(ratios):.3g}"
-    return f"{ratio_text} tokens per non-embedding parameter ({size_text} parameters)"
+    runs = {p["run"] for p in points}
+    passes = [row["data_passes"] for row in study.rows if row["id"] in runs and row.get("data_passes") is not None]
+    passes_text = f"; up to {max(passes):.2g} passes over the training data" if passes else ""
+    return f"{ratio_text} tokens per non-embedding parameter ({size_text} parameters{passes_text})"
 
 
 def runs_regime(study: StudyFolder) -> str:

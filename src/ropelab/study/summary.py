@@ -26,7 +26,7 @@ BAND_FACTOR = 3.0  # a new band starts where consecutive final losses differ by 
 COLUMNS = [
     "id", "status", "group", "block", "fraction", "fraction_label", "rotary_dims", "head_dim", "seq_len",
     "dataset", "seed", "lr", "steps", "final_train_loss", "final_val_loss", "band", "spikes",
-    "unrecovered_spikes", "tokens", "wall_time_s", "tokens_per_s", "target_loss", "steps_to_target",
+    "unrecovered_spikes", "tokens", "data_passes", "wall_time_s", "tokens_per_s", "target_loss", "steps_to_target",
     "tokens_to_target", "model", "qk_norm", "nominal_fraction", "error",
 ]
 
@@ -124,6 +124,7 @@ def summarize(
             "spikes": len(spikes),
             "unrecovered_spikes": sum(not s.recovered for s in spikes),
             "tokens": int(res.get("tokens") or last.get("tokens") or 0),
+            "data_passes": finite_or_none(res.get("data_passes")),  # runs trained before ropelab recorded it: None
             "wall_time_s": finite_or_none(res.get("wall_time_s")),
             "tokens_per_s": finite_or_none(res.get("tokens_per_s"))
             or finite_or_none(np.nanmedian([x.get("tokens_per_s", math.nan) for x in r.metrics]) if r.metrics else None),

@@ -56,7 +56,7 @@ from ropelab.train.validation import evaluate_loss
 
 Callback = Callable[[dict], None]
 
-__all__ = ["COMPILE_ENV", "train", "TrainResult"]
+__all__ = ["COMPILE_ENV", "data_passes", "train", "TrainResult"]
 
 COMPILE_ENV = "ROPELAB_COMPILE"  # "1": compile the forward as train.compile does, config.yaml unchanged
 
@@ -74,6 +74,7 @@ class TrainResult:
     phases: list = field(default_factory=list)  # [{"name", "end_step", "val_loss"}]
     init_from: Optional[dict] = None  # where the step-0 weights came from (`train.init_from`)
     branch_from: Optional[dict] = None  # the checkpoint this run continues (`train.branch_from`)
+    data_passes: Optional[float] = None  # training windows drawn over the run / windows in its training split (`data_passes`)
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -82,6 +83,18 @@ class TrainResult:
 # the keys a finished run's result.json must hold for `TrainResult` (run_dir is the folder itself)
 TRAIN_RESULT_KEYS = tuple(f.name for f in fields(TrainResult)
                           if f.name != "run_dir" and f.default is MISSING and f.default_factory is MISSING)
+
+
+def data_passes(phases: list[Phase], step: int, train_loader: Callable[[Phase], PackedLoader]) -> float:
+    """How many times over its training split the run has read by `step`: each phase's windows drawn
+    (its steps x global batch, counted from step 0 as a branch's data position is) over the windows its
+    split holds, summed over the phases. Above 1, windows came round again (a new order each pass)."""
+    passes = 0.0
+    for phase in phases:
+        steps = max(0, min(step, phase.end) - phase.start)
+        if steps:
+            passes += steps * phase.config.train.global_batch / train_loader(phase).num_windows
+    return passes
 
 
 def train(
@@ -347,11 +360,13 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             metrics.close()
 
     trained_tokens = tokens_seen(phases, step) - tokens_seen(phases, start_step)
+    passes = data_passes(phases, step, lambda phase: loaders_for(phase)[0])
     result = TrainResult(
         run_dir=run_dir, steps=step, final_train_loss=last_loss, final_val_loss=last_val,
         tokens=tokens_seen(phases, step), wall_time_s=time.perf_counter() - wall_start,
         tokens_per_s=trained_tokens / compute_time if compute_time else float("nan"),
         skipped_steps=guard.skipped, phases=phase_results, init_from=init_record, branch_from=branch_record,
+        data_passes=passes,
     )
     if env.is_main:
         write_result(run_dir, result.to_dict())
