@@ -1,0 +1,245 @@
+"""Stacked members (HFTA, Wang et al., MLSys 2021): N runs of one model shape trained as one model.
+
+Each weight of the members' `Transformer`s is stacked over a leading member axis N, and the forward runs
+every matrix product of the N members as one batched product (`torch.bmm` / `baddbmm`), each member with
+its own weights and its own RoPE: a per-member table of cos and signed sin over all D channels (cos 1 and
+sin 0 on the channels a member leaves unrotated, where x * 1 + y * 0 == x exactly) and the index of each
+channel's partner in its pair, so that x * cos + partner(x) * sin gives the reference rotation's bits
+(`ropelab.rope.reference`).
+
+The members' own parameters become views of the stacked ones: a member `Transformer` always holds its
+current weights (validation and checkpoints use it as the eager trainer does), and a
+`torch.optim.AdamW` built over it steps the stacked storage in place (`ropelab.train.stacked_optim`).
+
+Shapes: N members, B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ropelab.attention import attend
+from ropelab.config import RunConfig
+from ropelab.model import Attention, Transformer
+from ropelab.rope.embedding import RotaryEmbedding
+from ropelab.train.autocast import uses_bf16
+from ropelab.train.distributed import resolve_device
+from ropelab.train.phases import resolve_phases
+
+# model keys that may differ between members: what a member's init draws and its RoPE
+MEMBER_MODEL_KEYS = ("name", "rope", "init_std", "max_seq_len", "position")
+# keys outside `model` the members must share: the batch each step forms and how it runs
+SHARED_KEYS = (("data", "seq_len"), ("data", "tokenizer"), ("train", "micro_batch"), ("train", "grad_accum"), ("train", "precision"),
+               ("train", "device"), ("attention", "backend"))
+
+
+def member_refusal(config: RunConfig) -> Optional[str]:
+    """Why this one run cannot be a stacked member (what the stacked trainer does not do), or None."""
+    tc = config.train
+    for key, value in (("train.phases", tc.phases), ("train.init_from", tc.init_from),
+                       ("train.branch_from", tc.branch_from), ("distill", config.distill),
+                       ("train.z_loss", tc.z_loss), ("attention.doc_mask", config.attention.doc_mask),
+                       ("train.compile", tc.compile), ("train.data_parallel", tc.data_parallel),
+                       ("model.mla", config.model.mla)):
+        if value:
+            return f"{key} is set; stacked members train fresh single-phase cross-entropy runs only"
+    if uses_bf16(config, resolve_device(tc.device, None)):
+        return "train.precision: bf16; stacked members train in fp32 only (set train.precision=fp32)"
+    model_config = copy.deepcopy(config.model)
+    model_config.vocab_size = model_config.vocab_size or 64  # the shape of the layers is all that is checked
+    with torch.device("meta"):
+        model = Transformer(model_config)
+    for layer, block in enumerate(model.blocks):
+        attn = block.attn
+        if type(attn) is not Attention or attn.window is not None or attn.temperature is not None \
+                or attn.score_bias is not None or attn.attention_override is not None:
+            return (f"model layer {layer}: windowed, temperature-scaled, biased or latent attention; stacked members "
+                    "take full causal attention only")
+        if type(attn.rope) is not RotaryEmbedding or attn.rope.per_head:
+            return f"model layer {layer}: a position encoding other than plain RoPE or NoPE (stacked members rotate only those)"
+    return None
+
+
+def stack_key(config: RunConfig) -> dict:
+    """What the members of one stack must share: the model shape without the per-member keys, and `SHARED_KEYS`."""
+    model = {k: v for k, v in dataclasses.asdict(config.model).items() if k not in MEMBER_MODEL_KEYS}
+    return {"model": model, **{f"{section}.{key}": getattr(getattr(config, section), key) for section, key in SHARED_KEYS}}
+
+
+def stack_refusal(configs: list[RunConfig]) -> Optional[str]:
+    """One line saying why these runs cannot train as one stack, or None when they can."""
+    if not configs:
+        return "no members to stack"
+    for index, config in enumerate(configs):
+        reason = member_refusal(config)
+        if reason is not None:
+            return f"member {index}: {reason}"
+    first = stack_key(configs[0])
+    for index, config in enumerate(configs[1:], start=1):
+        other = stack_key(config)
+        for key in first:
+            if other[key] != first[key]:
+                differing = key if key != "model" else "model." + next(k for k in first["model"]
+                                                                      if first["model"][k] != other["model"][k])
+                return f"member {index}: {differing} differs from member 0's; stacked members share shape, batch and precision"
+    if len(resolve_phases(configs[0])) != 1:
+        return "member 0: more than one phase; stacked members train single-phase runs only"
+    return None
+
+
+def rotation_table(rope: RotaryEmbedding, position_ids: torch.Tensor, head_dim: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One member's rotation over all D channels at position ids (B, T): cos and signed sin, each
+    (B or 1, 1, T, D), and the partner of each channel (D,), such that x * cos + x[partner] * sin is the
+    member's RoPE of x (B, H, T, D); unrotated channels get cos 1, sin 0 and themselves as partner."""
+    r, device = rope.rotary_dims, position_ids.device
+    partner = torch.arange(head_dim, device=device)
+    if r == 0:
+        ones = torch.ones(1, 1, position_ids.shape[-1], head_dim, device=device)
+        return ones, torch.zeros_like(ones), partner
+    cos, sin = rope.cos_sin(position_ids)  # each (B or 1, 1, T, r/2)
+    if rope.layout == "half":  # channel i pairs with i + r/2
+        partner[:r] = torch.cat((partner[r // 2: r], partner[: r // 2]))
+        cos_r, sin_r = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+    else:  # interleaved: 2i pairs with 2i + 1
+        partner[:r] = partner[:r].view(-1, 2).flip(-1).flatten()
+        cos_r, sin_r = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
+    rest = head_dim - r
+    cos_full = torch.cat((cos_r, cos_r.new_ones(*cos_r.shape[:-1], rest)), -1)
+    sin_full = torch.cat((sin_r, sin_r.new_zeros(*sin_r.shape[:-1], rest)), -1)
+    return cos_full, sin_full, partner
+
+
+class StackedTransformer(nn.Module):
+    """The members' weights stacked over a leading axis N; `forward` gives each member's mean loss.
+
+    Built from members of one shape (`stack_refusal`); afterwards each member's parameters are views
+    of the stacked ones, so that the member modules follow every update. Parameter names are the
+    members' with "." spelled "__"."""
+
+    def __init__(self, members: list[Transformer]):
+        super().__init__()
+        self.members = members
+        self.config = members[0].config
+        self.names = [name for name, _ in members[0].named_parameters()]  # a tied matrix once
+        member_params = [dict(member.named_parameters()) for member in members]
+        for name in self.names:
+            stacked = nn.Parameter(torch.stack([params[name].detach() for params in member_params]))
+            self.register_parameter(name.replace(".", "__"), stacked)
+            for index, params in enumerate(member_params):
+                params[name].data = stacked.data[index]
+
+    def weight(self, name: str) -> torch.Tensor:
+        return getattr(self, name.replace(".", "__"))
+
+    def pass_gradients(self) -> None:
+        """Give each member's parameters their slice of the stacked gradients (views: clipping in place
+        reaches the stacked ones), and drop the stacked parameters' hold on them."""
+        for name in self.names:
+            stacked = self.weight(name)
+            for index, member in enumerate(self.members):
+                member.get_parameter(name).grad = None if stacked.grad is None else stacked.grad[index]
+            stacked.grad = None
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x (N, M, in) through every member's linear layer `name` -> (N, M, out)."""
+        weight = self.weight(name + ".weight").transpose(1, 2)
+        bias_name = name + ".bias"
+        if bias_name in self.names:
+            return torch.baddbmm(self.weight(bias_name).unsqueeze(1), x, weight)
+        return torch.bmm(x, weight)
+
+    def norm(self, x: torch.Tensor, name: str, kind: str) -> torch.Tensor:
+        """x (N, ..., C) through every member's norm `name`, an RMSNorm or (`kind` "layernorm") a LayerNorm."""
+        weight, eps = self.weight(name + ".weight"), self.config.norm_eps
+        shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (weight.shape[-1],)
+        if kind == "layernorm":
+            return F.layer_norm(x, x.shape[-1:], eps=eps) * weight.view(shape) + self.weight(name + ".bias").view(shape)
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight.view(shape) * (xf * rstd).to(x.dtype)
+
+    def rotations(self, position_ids: torch.Tensor) -> list[Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+        """Per layer: the members' cos (N, B, 1, T, D), signed sin (same) and partner indices (N, 1, 1, 1, D),
+        or None where no member rotates; layers whose members share rotation modules share one table."""
+        D = self.config.head_size
+        tables: dict[tuple, Optional[tuple]] = {}
+        per_layer = []
+        for layer in range(self.config.n_layer):
+            ropes = [member.blocks[layer].attn.rope for member in self.members]
+            key = tuple(id(rope) for rope in ropes)
+            if key not in tables:
+                if not any(rope.rotary_dims for rope in ropes):
+                    tables[key] = None
+                else:
+                    parts = [rotation_table(rope, ids, D) for rope, ids in zip(ropes, position_ids)]
+                    B, T = position_ids.shape[1:]
+                    cos = torch.stack([p[0].expand(B, 1, T, D) for p in parts])
+                    sin = torch.stack([p[1].expand(B, 1, T, D) for p in parts])
+                    tables[key] = (cos, sin, torch.stack([p[2] for p in parts]).view(len(parts), 1, 1, 1, D))
+            per_layer.append(tables[key])
+        return per_layer
+
+    def attention(self, x: torch.Tensor, prefix: str, rotation: Optional[tuple], backend: str) -> torch.Tensor:
+        """Normalised x (N, B, T, C) -> every member's attention output (N, B, T, C)."""
+        c = self.config
+        N, B, T, C = x.shape
+        H, K, D = c.n_head, c.kv_heads, c.head_size
+        flat = x.reshape(N, B * T, C)
+        q = self.linear(flat, prefix + "q_proj").view(N, B, T, H, D)
+        k = self.linear(flat, prefix + "k_proj").view(N, B, T, K, D)
+        v = self.linear(flat, prefix + "v_proj").view(N, B, T, K, D)
+        if c.qk_norm:
+            q, k = self.norm(q, prefix + "q_norm", "rmsnorm"), self.norm(k, prefix + "k_norm", "rmsnorm")
+        q, k, v = (t.transpose(2, 3) for t in (q, k, v))  # (N, B, H or K, T, D)
+        if rotation is not None:
+            cos, sin, partner = rotation
+            q = q * cos + q.gather(-1, partner.expand(q.shape)) * sin
+            k = k * cos + k.gather(-1, partner.expand(k.shape)) * sin
+        y = attend(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), None, backend)  # (N * B, H, T, D)
+        y = y.view(N, B, H, T, D).transpose(2, 3).reshape(N, B * T, H * D)
+        return self.linear(y, prefix + "o_proj").view(N, B, T, C)
+
+    def mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        """Normalised x (N, B, T, C) -> every member's MLP output (N, B, T, C)."""
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        if self.config.mlp == "swiglu":
+            hidden = F.silu(self.linear(flat, prefix + "gate_proj")) * self.linear(flat, prefix + "up_proj")
+        else:
+            hidden = F.gelu(self.linear(flat, prefix + "up_proj"))
+        return self.linear(hidden, prefix + "down_proj").view(x.shape)
+
+    def forward(self, idx: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor, backend: str = "auto"
+                ) -> torch.Tensor:
+        """Token ids, labels (-100: no loss) and position ids, each (N, B, T) -> each member's mean
+        cross-entropy over its labelled tokens (N,)."""
+        c = self.config
+        N, B, T = idx.shape
+        embed = self.weight("embed.weight")  # (N, V, C)
+        V = embed.shape[1]
+        offsets = torch.arange(N, device=idx.device).view(N, 1, 1) * V
+        x = F.embedding(idx + offsets, embed.flatten(0, 1))  # (N, B, T, C)
+        for layer, rotation in enumerate(self.rotations(position_ids)):
+            prefix = f"blocks.{layer}."
+            attn = self.attention(self.norm(x, prefix + "attn_norm", c.norm), prefix + "attn.", rotation, backend)
+            if c.block == "parallel":
+                x = x + attn + self.mlp(self.norm(x, prefix + "mlp_norm", c.norm), prefix + "mlp.")
+            else:
+                x = x + attn
+                x = x + self.mlp(self.norm(x, prefix + "mlp_norm", c.norm), prefix + "mlp.")
+        hidden = self.norm(x, "final_norm", c.norm).reshape(N, B * T, -1)
+        head = self.weight("embed.weight" if c.tie_embeddings else "lm_head.weight")  # (N, V, C)
+        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, B * T, V)
+        flat_labels = labels.reshape(N, B * T)
+        token_losses = F.cross_entropy(logits.float().flatten(0, 1), flat_labels.flatten(), ignore_index=-100,
+                                       reduction="none").view(N, B * T)
+        return token_losses.sum(1) / (flat_labels != -100).sum(1)
+
+
+__all__ = ["StackedTransformer", "member_refusal", "rotation_table", "stack_key", "stack_refusal"]
