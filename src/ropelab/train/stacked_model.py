@@ -57,10 +57,12 @@ def member_refusal(config: RunConfig) -> Optional[str]:
         model = Transformer(model_config)
     for layer, block in enumerate(model.blocks):
         attn = block.attn
-        if type(attn) is not Attention or attn.window is not None or attn.temperature is not None \
-                or attn.score_bias is not None or attn.attention_override is not None:
-            return (f"model layer {layer}: windowed, temperature-scaled, biased or latent attention; stacked members "
-                    "take full causal attention only")
+        found = next((what for what, present in (
+            ("latent attention", type(attn) is not Attention), ("an attention window", attn.window is not None),
+            ("a query temperature", attn.temperature is not None), ("a score bias", attn.score_bias is not None),
+            ("its own attention", attn.attention_override is not None)) if present), None)
+        if found:
+            return f"model layer {layer}: {found}; stacked members take plain full causal attention only"
         if type(attn.rope) is not RotaryEmbedding or attn.rope.per_head:
             return f"model layer {layer}: a position encoding other than plain RoPE or NoPE (stacked members rotate only those)"
     return None

@@ -1,0 +1,216 @@
+"""Stacked members (`ropelab.train.stacked_*`, issue #49) against separate eager runs: equal per-step
+losses and validation losses, a member of fewer steps leaving the stack, a diverging member failing
+alone, a stop signal checkpointing every member (each then resumes alone, eagerly), the refusals."""
+
+import os
+import signal
+import shutil
+
+import pytest
+import torch
+
+from ropelab.cli import main
+from ropelab.config import ConfigError, build_run_config
+from ropelab.errors import TrainingDiverged
+from ropelab.rope.embedding import RotaryEmbedding
+from ropelab.config.rope import RopeConfig
+from ropelab.rope.reference import apply_partial_rope
+from ropelab.train import checkpoint as ckpt
+from ropelab.train.loop import train
+from ropelab.train.metrics import read_metrics
+from ropelab.train.stacked_loop import train_stacked
+from ropelab.train.stacked_member import ERROR_FILE
+from ropelab.train.objectives import cross_entropy_objective
+from ropelab.train.stacked_model import StackedTransformer, rotation_table, stack_refusal
+from ropelab.train.stop import EX_TEMPFAIL, StoppedBySignal
+
+# the claims' smallest shape (configs/claims/partial-scaling.yaml), windows cut to 64 tokens
+SHAPE = ["model.n_layer=1", "model.d_model=32", "model.n_head=1", "model.n_kv_head=1", "model.head_dim=64",
+         "model.d_ff=64", "data.tokenizer=bytes", "data.seq_len=64", "train.micro_batch=8", "train.lr=2e-3",
+         "train.eval_batches=2", "train.precision=fp32", "train.tensorboard=false", "train.progress=false"]
+RUN = SHAPE + ["train.steps=50", "train.eval_every=25", "train.checkpoint_every=25"]
+VARIANTS = ["model.rope.fraction=0.0", "model.rope.rotary_dims=2", "model.rope.fraction=0.1",
+            "model.rope.fraction=0.25", "model.rope.fraction=1.0"]
+MEMBERS = [[variant, f"seed={seed}"] for seed in (0, 1) for variant in VARIANTS]
+SHORT = ["model.rope.fraction=0.25", "seed=2", "train.steps=20", "train.eval_every=10"]  # leaves at step 20
+DIVERGING = ["model.rope.fraction=1.0", "seed=3", "train.max_bad_steps=2"]  # its losses are NaN from NAN_FROM on
+NAN_FROM = 31
+LOSS_RTOL, VAL_ATOL = 1e-5, 0.002  # issue #49, requirement 2 (fp32)
+
+
+def config(overrides):
+    return build_run_config(overrides=RUN + overrides)
+
+
+class NaNFrom:
+    """Fault injection: the eager objective's loss times NaN from step NAN_FROM on."""
+
+    def __init__(self):
+        self.objective, self.calls = cross_entropy_objective(), 0
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        loss, figures = self.objective(model, batch)
+        return (loss * float("nan"), figures) if self.calls >= NAN_FROM else (loss, figures)
+
+
+def stack_forward_nan_in_last_member(forward):
+    """Fault injection: the stack's loss of its last member (the diverging one, while 12 - 1 members
+    train after the short one left) times NaN from step NAN_FROM on."""
+    calls = {"n": 0}
+
+    def faulty(self, idx, *args):
+        losses = forward(self, idx, *args)
+        calls["n"] += 1
+        if calls["n"] >= NAN_FROM and idx.shape[0] == len(MEMBERS) + 1:
+            losses = torch.cat((losses[:-1], losses[-1:] * float("nan")))
+        return losses
+
+    return faulty
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One stack of the ten claims members, a shorter member and a diverging one; each also trained eagerly."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("stacked")
+    members = MEMBERS + [SHORT, DIVERGING]
+    stacked = [root / f"stacked{i}" for i in range(len(members))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StackedTransformer, "forward", stack_forward_nan_in_last_member(StackedTransformer.forward))
+        results = train_stacked([config(m) for m in members], stacked)
+    eager = [root / f"eager{i}" for i in range(len(members))]
+    diverged = None
+    for overrides, run_dir in zip(members, eager):
+        try:
+            train(config(overrides), run_dir, objective=NaNFrom() if overrides is DIVERGING else None)
+        except TrainingDiverged as exc:
+            diverged = str(exc)
+    return {"stacked": stacked, "eager": eager, "results": results, "diverged": diverged, "root": root}
+
+
+def max_loss_difference(stacked_dir, eager_dir) -> float:
+    """The largest relative difference of the per-step losses; the logged steps and keys must be equal."""
+    stacked, eager = read_metrics(stacked_dir), read_metrics(eager_dir)
+    assert [r["step"] for r in stacked] == [r["step"] for r in eager]
+    assert [set(r) for r in stacked] == [set(r) for r in eager]
+    return max(abs(s["loss"] - e["loss"]) / abs(e["loss"]) for s, e in zip(stacked, eager))
+
+
+def test_members_equal_their_eager_runs(runs):
+    worst = 0.0
+    for index in range(len(MEMBERS) + 1):  # the claims' members and the short one
+        stacked, eager = runs["stacked"][index], runs["eager"][index]
+        worst = max(worst, max_loss_difference(stacked, eager))
+        val_s = [r["val_loss"] for r in read_metrics(stacked) if "val_loss" in r]
+        val_e = [r["val_loss"] for r in read_metrics(eager) if "val_loss" in r]
+        assert len(val_s) == len(val_e) == 2 and abs(val_s[-1] - val_e[-1]) < VAL_ATOL
+        assert (stacked / "config.yaml").read_text() == (eager / "config.yaml").read_text()
+        assert runs["results"][index].steps == (20 if index == len(MEMBERS) else 50)
+    print(f"largest relative loss difference, stacked against eager: {worst:.2e}")
+    assert worst < LOSS_RTOL
+
+
+def test_member_checkpoints_are_the_eager_runs(runs):
+    """The short member left the stack at step 20 with its own checkpoint; the others' step-50 checkpoints
+    hold what the eager runs' hold, to float rounding."""
+    short = ckpt.latest_checkpoint(runs["stacked"][len(MEMBERS)])
+    assert short.name == "step_00000020" and (runs["stacked"][len(MEMBERS)] / "result.json").is_file()
+    for index in (0, 4, 9):
+        mine = ckpt.latest_checkpoint(runs["stacked"][index])
+        theirs = ckpt.latest_checkpoint(runs["eager"][index])
+        assert mine.name == theirs.name == "step_00000050"
+        assert ckpt.read_state(mine)["data"] == ckpt.read_state(theirs)["data"]
+        from safetensors.torch import load_file
+
+        a, b = load_file(mine / ckpt.WEIGHTS), load_file(theirs / ckpt.WEIGHTS)
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_diverging_member_fails_alone(runs):
+    index = len(MEMBERS) + 1
+    folder = runs["stacked"][index]
+    assert runs["results"][index] is None and not (folder / "result.json").exists()
+    line = (folder / ERROR_FILE).read_text().strip()
+    assert runs["diverged"] is not None and f"non-finite at step {NAN_FROM + 1}" in runs["diverged"]
+    assert line == runs["diverged"].replace(str(runs["eager"][index]), str(folder))
+    assert all(not (d / ERROR_FILE).exists() for d in runs["stacked"][:index])
+
+
+def test_sigterm_checkpoints_every_member_and_each_resumes_alone(runs):
+    root = runs["root"] / "stopped"
+    members = [MEMBERS[1], MEMBERS[8]]
+    folders = [root / "a", root / "b"]
+
+    def stop_at_step_7(index, row):
+        if row["step"] == 7 and index == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(StoppedBySignal) as stopped:
+        train_stacked([config(m) for m in members], folders, callbacks=(stop_at_step_7,))
+    assert stopped.value.exit_code == EX_TEMPFAIL
+    for folder in folders:
+        assert ckpt.latest_checkpoint(folder).name == "step_00000007"
+        assert not (folder / "result.json").exists()
+    result = train(out_dir=folders[1], resume=True)
+    assert result.steps == 50
+    assert max_loss_difference(folders[1], runs["eager"][8]) < LOSS_RTOL
+    final = [r["val_loss"] for r in read_metrics(folders[1]) if "val_loss" in r][-1]
+    assert abs(final - runs["results"][8].final_val_loss) < VAL_ATOL
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dims", [0, 2, 6, 16, 64])
+def test_rotation_table_gives_the_reference_bits(layout, rotary_dims):
+    rope = RotaryEmbedding(RopeConfig(rotary_dims=rotary_dims, layout=layout, theta=500.0), head_dim=64)
+    positions = torch.arange(40).expand(3, 40)
+    x = torch.randn(3, 2, 40, 64)
+    cos, sin, partner = rotation_table(rope, positions, 64)
+    rotated = x * cos + x.gather(-1, partner.expand(x.shape)) * sin
+    if rotary_dims:
+        expected = apply_partial_rope(x, *rope.cos_sin(positions), rotary_dims, layout)
+    else:
+        expected = x
+    assert torch.equal(rotated, expected)
+
+
+@pytest.mark.parametrize("second, reason", [
+    (["model.d_model=64"], "model.d_model differs"),
+    (["train.micro_batch=4"], "train.micro_batch differs"),
+    (["train.precision=bf16"], "bf16"),
+    (["train.branch_from=runs/x"], "train.branch_from is set"),
+    (["train.z_loss=1e-4"], "train.z_loss is set"),
+    (["model.position=[{type: alibi}]"], "a score bias"),
+    (["model.position=[{type: fope, trained_length: 64}]"], "other than plain RoPE"),
+    (["model.n_layer=2", "model.layer_pattern=SF", "model.layer_kinds={S: {attention: sliding, window: 16}, F: {}}"], "an attention window"),
+])
+def test_stack_refusal_says_why_in_one_line(second, reason):
+    first = build_run_config(overrides=RUN)
+    said = stack_refusal([first, build_run_config(overrides=RUN + second)])
+    assert said is not None and reason in said and "\n" not in said
+    assert stack_refusal([first, build_run_config(overrides=RUN + VARIANTS[0:1] + ["seed=5", "train.steps=7"])]) is None
+
+
+def test_a_member_folder_that_holds_a_run_is_refused(runs):
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_stacked([config(MEMBERS[0])], [runs["stacked"][0]])
+
+
+def test_cli_trains_members_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("model: {n_layer: 1, d_model: 32, n_head: 1, head_dim: 64, d_ff: 64, rope: {fraction: 0.25}}\n"
+                    "data: {seq_len: 32}\ntrain: {micro_batch: 2, steps: 2, eval_every: 2, eval_batches: 1, "
+                    "precision: fp32, progress: false, tensorboard: false}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {stepz: 3}\n")
+    assert main(["train-stacked", "--member", str(good), str(tmp_path / "a"), "--member", str(good), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("done: 2 steps") for line in out)
+    assert main(["train-stacked", "--member", str(bad), str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ropelab: error: {bad}: train.stepz") and "\n" not in err and not (tmp_path / "c").exists()
+    shutil.rmtree(tmp_path / "a")
+    assert main(["train-stacked", "--member", str(good), str(tmp_path / "a"), "--member", str(good), str(tmp_path / "a")]) == 2
+    assert "one folder" in capsys.readouterr().err
