@@ -130,6 +130,7 @@ class StackedTransformer(nn.Module):
         self.members = members
         self.config = members[0].config
         self.names = [name for name, _ in members[0].named_parameters()]  # a tied matrix once
+        self.last_rotations: Optional[tuple[torch.Tensor, list]] = None  # (position ids, `rotations`' tables)
         member_params = [dict(member.named_parameters()) for member in members]
         for name in self.names:
             stacked = nn.Parameter(torch.stack([params[name].detach() for params in member_params]))
@@ -169,7 +170,10 @@ class StackedTransformer(nn.Module):
 
     def rotations(self, position_ids: torch.Tensor) -> list[Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
         """Per layer: the members' cos (N, B, 1, T, D), signed sin (same) and partner indices (N, 1, 1, 1, D),
-        or None where no member rotates; layers whose members share rotation modules share one table."""
+        or None where no member rotates; layers whose members share rotation modules share one table.
+        Kept while the position ids stay the same (running positions: every step's)."""
+        if self.last_rotations is not None and torch.equal(self.last_rotations[0], position_ids):
+            return self.last_rotations[1]
         D = self.config.head_size
         tables: dict[tuple, Optional[tuple]] = {}
         per_layer = []
@@ -186,6 +190,7 @@ class StackedTransformer(nn.Module):
                     sin = torch.stack([p[1].expand(B, 1, T, D) for p in parts])
                     tables[key] = (cos, sin, torch.stack([p[2] for p in parts]).view(len(parts), 1, 1, 1, D))
             per_layer.append(tables[key])
+        self.last_rotations = (position_ids.clone(), per_layer)
         return per_layer
 
     def attention(self, x: torch.Tensor, prefix: str, rotation: Optional[tuple], backend: str) -> torch.Tensor:
