@@ -2,6 +2,7 @@
 losses and validation losses, a member of fewer steps leaving the stack, a diverging member failing
 alone, a stop signal checkpointing every member (each then resumes alone, eagerly), the refusals."""
 
+import copy
 import os
 import signal
 import shutil
@@ -12,6 +13,7 @@ import torch
 from ropelab.cli import main
 from ropelab.config import ConfigError, build_run_config
 from ropelab.errors import TrainingDiverged
+from ropelab.model import Transformer
 from ropelab.rope.embedding import RotaryEmbedding
 from ropelab.config.rope import RopeConfig
 from ropelab.rope.reference import apply_partial_rope
@@ -214,3 +216,41 @@ def test_cli_trains_members_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     shutil.rmtree(tmp_path / "a")
     assert main(["train-stacked", "--member", str(good), str(tmp_path / "a"), "--member", str(good), str(tmp_path / "a")]) == 2
     assert "one folder" in capsys.readouterr().err
+
+
+BLOCKS = {
+    "llama": ["model.n_head=2", "model.n_kv_head=1", "model.head_dim=16"],
+    "pythia": ["preset=tiny-pythia", "model.n_head=2", "model.tie_embeddings=false"],
+    "qk-norm-interleaved": ["model.qk_norm=true", "model.rope.layout=interleaved", "model.n_head=2", "model.head_dim=16"],
+}
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["every-label", "some-ignored"])
+@pytest.mark.parametrize("block", BLOCKS)
+def test_stacked_forward_and_gradients_equal_each_members_own(block, ignored):
+    """Against each member's own `Transformer` (its forward's cross-entropy and autograd): sequential and
+    parallel blocks, RMSNorm and LayerNorm, SwiGLU and GELU, biases, QK-norm, GQA, both RoPE layouts, tied
+    and untied heads; with every label (the CPU loss loop) and with ignored ones (torch's loss)."""
+    members = []
+    for index, rope in enumerate(["model.rope.fraction=0.0", "model.rope.rotary_dims=2", "model.rope.fraction=1.0"]):
+        config = build_run_config(overrides=BLOCKS[block] + ["model.n_layer=2", "model.d_model=32", "model.d_ff=48",
+                                                             "model.vocab_size=64", rope, "train.precision=fp32"])
+        torch.manual_seed(index)
+        members.append(Transformer(config.model))
+    eager = [copy.deepcopy(m) for m in members]
+    stack = StackedTransformer(members)
+    generator = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 64, (3, 2, 24), generator=generator)
+    labels = torch.randint(0, 64, (3, 2, 24), generator=generator)
+    if ignored:
+        labels[:, :, :5] = -100
+    positions = torch.arange(24).expand(3, 2, 24)
+    losses = stack(idx, labels, positions)
+    (losses * torch.tensor([1.0, 0.5, 2.0])).sum().backward()
+    stack.pass_gradients()
+    for n, (member, model) in enumerate(zip(members, eager)):
+        _, loss = model(idx[n], labels[n], positions[n])
+        (loss * [1.0, 0.5, 2.0][n]).backward()
+        torch.testing.assert_close(losses[n], loss, rtol=1e-6, atol=0)
+        for (name, mine), (_, theirs) in zip(member.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6, msg=name)

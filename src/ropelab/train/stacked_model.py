@@ -29,6 +29,7 @@ from ropelab.config import RunConfig
 from ropelab.model import Attention, Transformer
 from ropelab.rope.embedding import RotaryEmbedding
 from ropelab.train.autocast import uses_bf16
+from ropelab.train.cross_entropy_kernel import ce_chunk, library as ce_library
 from ropelab.train.distributed import resolve_device
 from ropelab.train.phases import resolve_phases
 
@@ -116,6 +117,27 @@ def rotation_table(rope: RotaryEmbedding, position_ids: torch.Tensor, head_dim: 
     cos_full = torch.cat((cos_r, cos_r.new_ones(*cos_r.shape[:-1], rest)), -1)
     sin_full = torch.cat((sin_r, sin_r.new_zeros(*sin_r.shape[:-1], rest)), -1)
     return cos_full, sin_full, partner
+
+
+class StackedCrossEntropy(torch.autograd.Function):
+    """Each member's mean cross-entropy (N,) of its head's logits, every token labelled: the logits' gradient
+    formed in the same pass as the loss, by the eager trainer's CPU loop (`cross_entropy_kernel.ce_chunk`),
+    over each member's logits; backward scales it by each member's weight in the summed loss."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """hidden (N, M, C), head (N, V, C), labels (N, M) in [0, V) -> (N,)."""
+        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, M, V), overwritten by its gradient below
+        tokens = labels.shape[1]
+        sums = [ce_chunk(logits[n], labels[n], 1.0, 0.0, 1.0 / tokens)[0] for n in range(len(labels))]
+        ctx.save_for_backward(hidden, head, logits)
+        return torch.stack(sums)[:, 1] / tokens
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        hidden, head, grad_logits = ctx.saved_tensors
+        grad_logits = grad_logits * grad.view(-1, 1, 1)
+        return torch.bmm(grad_logits, head), torch.bmm(grad_logits.transpose(1, 2), hidden), None
 
 
 class StackedTransformer(nn.Module):
@@ -242,8 +264,10 @@ class StackedTransformer(nn.Module):
                 x = x + self.mlp(self.norm(x, prefix + "mlp_norm", c.norm), prefix + "mlp.")
         hidden = self.norm(x, "final_norm", c.norm).reshape(N, B * T, -1)
         head = self.weight("embed.weight" if c.tie_embeddings else "lm_head.weight")  # (N, V, C)
-        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, B * T, V)
         flat_labels = labels.reshape(N, B * T)
+        if hidden.device.type == "cpu" and ce_library() is not None and bool((flat_labels >= 0).all()):
+            return StackedCrossEntropy.apply(hidden, head, flat_labels)
+        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, B * T, V)
         token_losses = F.cross_entropy(logits.float().flatten(0, 1), flat_labels.flatten(), ignore_index=-100,
                                        reduction="none").view(N, B * T)
         return token_losses.sum(1) / (flat_labels != -100).sum(1)
