@@ -18,6 +18,7 @@ from ropelab.rope.embedding import RotaryEmbedding
 from ropelab.config.rope import RopeConfig
 from ropelab.rope.reference import apply_partial_rope
 from ropelab.train import checkpoint as ckpt
+from ropelab.train.lock import is_locked
 from ropelab.train.loop import train
 from ropelab.train.metrics import read_metrics
 from ropelab.train.stacked_loop import train_stacked
@@ -80,7 +81,13 @@ def runs(tmp_path_factory):
     stacked = [root / f"stacked{i}" for i in range(len(members))]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StackedTransformer, "forward", stack_forward_nan_in_last_member(StackedTransformer.forward))
-        results = train_stacked([config(m) for m in members], stacked)
+        locks = {}
+
+        def record_locks(index, row):  # once the short member has left: its folder unlocked, the others' held
+            if index == 0 and row["step"] == 21:
+                locks.update(short=is_locked(stacked[len(MEMBERS)]), first=is_locked(stacked[0]))
+
+        results = train_stacked([config(m) for m in members], stacked, callbacks=(record_locks,))
     eager = [root / f"eager{i}" for i in range(len(members))]
     diverged = None
     for overrides, run_dir in zip(members, eager):
@@ -88,7 +95,7 @@ def runs(tmp_path_factory):
             train(config(overrides), run_dir, objective=NaNFrom() if overrides is DIVERGING else None)
         except TrainingDiverged as exc:
             diverged = str(exc)
-    return {"stacked": stacked, "eager": eager, "results": results, "diverged": diverged, "root": root}
+    return {"stacked": stacked, "eager": eager, "results": results, "diverged": diverged, "root": root, "locks": locks}
 
 
 def max_loss_difference(stacked_dir, eager_dir) -> float:
@@ -114,8 +121,9 @@ def test_members_equal_their_eager_runs(runs):
 
 
 def test_member_checkpoints_are_the_eager_runs(runs):
-    """The short member left the stack at step 20 with its own checkpoint; the others' step-50 checkpoints
-    hold what the eager runs' hold, to float rounding."""
+    """The short member left the stack at step 20 with its own checkpoint, and unlocked its folder; the
+    others' step-50 checkpoints hold what the eager runs' hold, to float rounding."""
+    assert runs["locks"]["short"] is None and runs["locks"]["first"]
     short = ckpt.latest_checkpoint(runs["stacked"][len(MEMBERS)])
     assert short.name == "step_00000020" and (runs["stacked"][len(MEMBERS)] / "result.json").is_file()
     for index in (0, 4, 9):

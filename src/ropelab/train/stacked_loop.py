@@ -65,8 +65,8 @@ def train_stacked(configs: list[RunConfig], out_dirs: list[str | Path],
             check_new_run_folder(run_dir, probe_lock=False)  # another run may have finished there meanwhile
         if device.type == "cpu" and all(config.train.reuse_freed_memory for config in configs):
             reuse_freed_memory()
-        for config, run_dir in zip(configs, run_dirs):
-            members.append(Member(config, run_dir, device, env))
+        for config, run_dir, lock in zip(configs, run_dirs, locks):
+            members.append(Member(config, run_dir, device, env, lock))
         return run_stack(members, stop, callbacks)
     except OSError as exc:
         if not is_storage_error(exc):
@@ -76,7 +76,7 @@ def train_stacked(configs: list[RunConfig], out_dirs: list[str | Path],
         stop.close()
         for member in members:
             member.close()
-        for lock in locks:
+        for lock in locks[len(members):]:  # folders whose member was not made
             lock.release()
 
 
@@ -118,11 +118,13 @@ def run_stack(members: list[Member], stop: StopSignals, callbacks: tuple[MemberC
             error = member.diverged(step, reason)
             if error is not None:
                 member.fail(error)
+                member.close()
                 leaving.append(index)
                 continue
             member.save_if_due(step)
             if step == member.end:
                 results[index] = member.finish(step)
+                member.close()
                 leaving.append(index)
         if leaving:
             active = [index for index in active if index not in leaving]

@@ -30,6 +30,7 @@ from ropelab.sources.runs import CONFIG, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.distributed import DistEnv, clip_grad_norm
 from ropelab.train.loop import TrainResult
+from ropelab.train.lock import RunLock
 from ropelab.train.metrics import MetricsLog
 from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
 from ropelab.train.phases import base_warnings, resolve_phases, tokens_seen
@@ -53,10 +54,11 @@ def materialise(model: Transformer, optimizer: torch.optim.AdamW, config: RunCon
 
 
 class Member:
-    """A member's run: its folder (made here, with config.yaml), loaders, model, optimizer and bookkeeping."""
+    """A member's run: its folder (made here, with config.yaml, under `lock`, which it releases on `close`),
+    loaders, model, optimizer and bookkeeping."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, device: torch.device, env: DistEnv):
-        self.run_dir, self.device, self.env = run_dir, device, env
+    def __init__(self, config: RunConfig, run_dir: Path, device: torch.device, env: DistEnv, lock: RunLock):
+        self.run_dir, self.device, self.env, self.lock = run_dir, device, env, lock
         self.phase = resolve_phases(config)[0]
         config.train.steps = self.phase.end
         self.config, pc = config, self.phase.config
@@ -180,7 +182,12 @@ class Member:
         (self.run_dir / ERROR_FILE).write_text(f"{error}\n")
 
     def close(self) -> None:
+        """Once the member has left the stack (or the stack has stopped): its metrics closed, its folder unlocked."""
+        if self.lock is None:
+            return
         self.metrics.close()
+        self.lock.release()
+        self.lock = None
 
 
 __all__ = ["ERROR_FILE", "Member", "materialise"]
