@@ -55,7 +55,7 @@ def member_refusal(config: RunConfig) -> Optional[str]:
     model_config = copy.deepcopy(config.model)
     model_config.vocab_size = model_config.vocab_size or 64  # the shape of the layers is all that is checked
     with torch.device("meta"):
-        model = Transformer(model_config)
+        model = Transformer(model_config, init=False)
     for layer, block in enumerate(model.blocks):
         attn = block.attn
         found = next((what for what, present in (
