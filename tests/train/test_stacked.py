@@ -24,7 +24,7 @@ from ropelab.train.metrics import read_metrics
 from ropelab.train.stacked_loop import train_stacked
 from ropelab.train.stacked_member import ERROR_FILE
 from ropelab.train.objectives import cross_entropy_objective
-from ropelab.train.stacked_model import StackedTransformer, rotation_table, stack_refusal
+from ropelab.train.stacked_model import StackedRotation, StackedTransformer, rotation_table, stack_refusal
 from ropelab.train.stop import EX_TEMPFAIL, StoppedBySignal
 
 # the claims' smallest shape (configs/claims/partial-scaling.yaml), windows cut to 64 tokens
@@ -178,7 +178,7 @@ def test_rotation_table_gives_the_reference_bits(layout, rotary_dims):
     positions = torch.arange(40).expand(3, 40)
     x = torch.randn(3, 2, 40, 64)
     cos, sin, partner = rotation_table(rope, positions, 64)
-    rotated = x * cos + x.gather(-1, partner.expand(x.shape)) * sin
+    rotated = StackedRotation.apply(x, cos, sin, partner)
     if rotary_dims:
         expected = apply_partial_rope(x, *rope.cos_sin(positions), rotary_dims, layout)
     else:

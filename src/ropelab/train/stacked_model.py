@@ -119,6 +119,22 @@ def rotation_table(rope: RotaryEmbedding, position_ids: torch.Tensor, head_dim: 
     return cos_full, sin_full, partner
 
 
+class StackedRotation(torch.autograd.Function):
+    """x * cos + x[partner] * sin over the last axis (`rotation_table`'s, each member's own). Pairs are
+    swapped by `partner`, an involution, so the gradient is g * cos + (g * sin)[partner]: a gather again,
+    where autograd's would scatter into zeros."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, partner: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin, partner)
+        return x * cos + x.gather(-1, partner.expand(x.shape)) * sin
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin, partner = ctx.saved_tensors
+        return grad * cos + (grad * sin).gather(-1, partner.expand(grad.shape)), None, None, None
+
+
 class StackedCrossEntropy(torch.autograd.Function):
     """Each member's mean cross-entropy (N,) of its head's logits, every token labelled: the logits' gradient
     formed in the same pass as the loss, by the eager trainer's CPU loop (`cross_entropy_kernel.ce_chunk`),
@@ -228,9 +244,7 @@ class StackedTransformer(nn.Module):
             q, k = self.norm(q, prefix + "q_norm", "rmsnorm"), self.norm(k, prefix + "k_norm", "rmsnorm")
         q, k, v = (t.transpose(2, 3) for t in (q, k, v))  # (N, B, H or K, T, D)
         if rotation is not None:
-            cos, sin, partner = rotation
-            q = q * cos + q.gather(-1, partner.expand(q.shape)) * sin
-            k = k * cos + k.gather(-1, partner.expand(k.shape)) * sin
+            q, k = StackedRotation.apply(q, *rotation), StackedRotation.apply(k, *rotation)
         y = attend(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), None, backend)  # (N * B, H, T, D)
         y = y.view(N, B, H, T, D).transpose(2, 3).reshape(N, B * T, H * D)
         return self.linear(y, prefix + "o_proj").view(N, B, T, C)
