@@ -24,7 +24,9 @@ from ropelab.train.metrics import read_metrics
 from ropelab.train.stacked_loop import train_stacked
 from ropelab.train.stacked_member import ERROR_FILE
 from ropelab.train.objectives import cross_entropy_objective
-from ropelab.train.stacked_model import StackedRotation, StackedTransformer, rotation_table, stack_refusal
+from ropelab.train.stacked_model import (
+    StackedRotation, StackedTransformer, rotation_table, stack_groups, stack_refusal,
+)
 from ropelab.train.stop import EX_TEMPFAIL, StoppedBySignal
 
 # the claims' smallest shape (configs/claims/partial-scaling.yaml), windows cut to 64 tokens
@@ -262,3 +264,12 @@ def test_stacked_forward_and_gradients_equal_each_members_own(block, ignored):
         torch.testing.assert_close(losses[n], loss, rtol=1e-6, atol=0)
         for (name, mine), (_, theirs) in zip(member.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_stack_groups_gather_runs_that_stack_and_leave_the_others_alone():
+    runs = [RUN + MEMBERS[0], RUN + ["model.d_model=64"], RUN + MEMBERS[3] + ["train.steps=9"],
+            RUN + ["train.z_loss=1e-4"], RUN + MEMBERS[7], RUN + ["model.d_model=64", "seed=4"]]
+    configs = [build_run_config(overrides=run) for run in runs]
+    assert stack_groups(configs) == [[0, 2, 4], [1, 5], [3]]
+    assert stack_groups(configs, most=2) == [[0, 2], [1, 5], [3], [4]]
+    assert [stack_refusal([configs[i] for i in group]) is None for group in stack_groups(configs)] == [True, True, False]

@@ -96,6 +96,23 @@ def stack_refusal(configs: list[RunConfig]) -> Optional[str]:
     return None
 
 
+def stack_groups(configs: list[RunConfig], most: Optional[int] = None) -> list[list[int]]:
+    """The indices of `configs` in groups that can each train as one stack (equal `stack_key`, no
+    `member_refusal`), in order of first appearance, of at most `most` members each; a run that cannot
+    be a member is a group of its own (to train eagerly)."""
+    groups: dict[str, list[list[int]]] = {}
+    alone: list[list[int]] = []
+    for index, config in enumerate(configs):
+        if member_refusal(config) is not None:
+            alone.append([index])
+            continue
+        runs = groups.setdefault(repr(stack_key(config)), [[]])
+        if most is not None and len(runs[-1]) == most:
+            runs.append([])
+        runs[-1].append(index)
+    return sorted([group for runs in groups.values() for group in runs] + alone, key=lambda group: group[0])
+
+
 def rotation_table(rope: RotaryEmbedding, position_ids: torch.Tensor, head_dim: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One member's rotation over all D channels at position ids (B, T): cos and signed sin, each
@@ -287,4 +304,5 @@ class StackedTransformer(nn.Module):
         return token_losses.sum(1) / (flat_labels != -100).sum(1)
 
 
-__all__ = ["StackedTransformer", "member_refusal", "rotation_table", "stack_key", "stack_refusal"]
+__all__ = ["StackedCrossEntropy", "StackedRotation", "StackedTransformer", "member_refusal", "rotation_table",
+           "stack_groups", "stack_key", "stack_refusal"]
