@@ -35,6 +35,7 @@ from ropelab.train.phases import resolve_phases
 
 # model keys that may differ between members: what a member's init draws and its RoPE
 MEMBER_MODEL_KEYS = ("name", "rope", "init_std", "max_seq_len", "position")
+CHUNK_ROWS = 256  # tokens per chunk of the loss (`StackedCrossEntropy`), as the eager trainer's
 # keys outside `model` the members must share: the batch each step forms and how it runs
 SHARED_KEYS = (("data", "seq_len"), ("data", "tokenizer"), ("train", "micro_batch"), ("train", "grad_accum"), ("train", "precision"),
                ("train", "device"), ("attention", "backend"))
@@ -153,24 +154,35 @@ class StackedRotation(torch.autograd.Function):
 
 
 class StackedCrossEntropy(torch.autograd.Function):
-    """Each member's mean cross-entropy (N,) of its head's logits, every token labelled: the logits' gradient
-    formed in the same pass as the loss, by the eager trainer's CPU loop (`cross_entropy_kernel.ce_chunk`),
-    over each member's logits; backward scales it by each member's weight in the summed loss."""
+    """Each member's mean cross-entropy (N,) of its head's logits, every token labelled, in chunks of
+    `CHUNK_ROWS` tokens as the eager trainer's loss runs (a chunk's logits stay in cache): each chunk's
+    logits, their loss and gradient in one pass of the CPU loop (`cross_entropy_kernel.ce_chunk`), then
+    the gradients of the hidden states and the head, all in the forward pass; backward scales them by
+    each member's weight in the summed loss."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """hidden (N, M, C), head (N, V, C), labels (N, M) in [0, V) -> (N,)."""
-        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, M, V), overwritten by its gradient below
-        tokens = labels.shape[1]
-        sums = [ce_chunk(logits[n], labels[n], 1.0, 0.0, 1.0 / tokens)[0] for n in range(len(labels))]
-        ctx.save_for_backward(hidden, head, logits)
-        return torch.stack(sums)[:, 1] / tokens
+        N, M, _ = hidden.shape
+        grad_hidden, grad_head = torch.empty_like(hidden), torch.zeros_like(head)
+        logits = hidden.new_empty(min(M, CHUNK_ROWS), head.shape[1])  # one chunk's, reused
+        sums = hidden.new_zeros(N)
+        for n in range(N):
+            for start in range(0, M, CHUNK_ROWS):
+                rows = slice(start, min(M, start + CHUNK_ROWS))
+                chunk = logits[: rows.stop - rows.start]
+                torch.mm(hidden[n, rows], head[n].t(), out=chunk)
+                sums[n] += ce_chunk(chunk, labels[n, rows], 1.0, 0.0, 1.0 / M)[0][1]  # gradient now in `chunk`
+                torch.mm(chunk, head[n], out=grad_hidden[n, rows])
+                grad_head[n].addmm_(chunk.t(), hidden[n, rows])
+        ctx.save_for_backward(grad_hidden, grad_head)
+        return sums / M
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        hidden, head, grad_logits = ctx.saved_tensors
-        grad_logits = grad_logits * grad.view(-1, 1, 1)
-        return torch.bmm(grad_logits, head), torch.bmm(grad_logits.transpose(1, 2), hidden), None
+        grad_hidden, grad_head = ctx.saved_tensors
+        scale = grad.view(-1, 1, 1)
+        return grad_hidden * scale, grad_head * scale, None
 
 
 class StackedTransformer(nn.Module):
@@ -224,7 +236,7 @@ class StackedTransformer(nn.Module):
         return weight.view(shape) * (xf * rstd).to(x.dtype)
 
     def rotations(self, position_ids: torch.Tensor) -> list[Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
-        """Per layer: the members' cos (N, B, 1, T, D), signed sin (same) and partner indices (N, 1, 1, 1, D),
+        """Per layer: the members' cos (N, B or 1, 1, T, D), signed sin (same) and partner indices (N, 1, 1, 1, D),
         or None where no member rotates; layers whose members share rotation modules share one table.
         Kept while the position ids stay the same (running positions: every step's)."""
         if self.last_rotations is not None and torch.equal(self.last_rotations[0], position_ids):
@@ -240,9 +252,10 @@ class StackedTransformer(nn.Module):
                     tables[key] = None
                 else:
                     parts = [rotation_table(rope, ids, D) for rope, ids in zip(ropes, position_ids)]
-                    B, T = position_ids.shape[1:]
-                    cos = torch.stack([p[0].expand(B, 1, T, D) for p in parts])
-                    sin = torch.stack([p[1].expand(B, 1, T, D) for p in parts])
+                    rows = max(p[0].shape[0] for p in parts)  # 1 where every member's rows share positions
+                    T = position_ids.shape[-1]
+                    cos = torch.stack([p[0].expand(rows, 1, T, D) for p in parts])
+                    sin = torch.stack([p[1].expand(rows, 1, T, D) for p in parts])
                     tables[key] = (cos, sin, torch.stack([p[2] for p in parts]).view(len(parts), 1, 1, 1, D))
             per_layer.append(tables[key])
         self.last_rotations = (position_ids.clone(), per_layer)
@@ -298,7 +311,7 @@ class StackedTransformer(nn.Module):
         flat_labels = labels.reshape(N, B * T)
         if hidden.device.type == "cpu" and ce_library() is not None and bool((flat_labels >= 0).all()):
             return StackedCrossEntropy.apply(hidden, head, flat_labels)
-        logits = torch.bmm(hidden, head.transpose(1, 2))  # (N, B * T, V)
+        logits = torch.matmul(hidden, head.transpose(1, 2))  # (N, B * T, V)
         token_losses = F.cross_entropy(logits.float().flatten(0, 1), flat_labels.flatten(), ignore_index=-100,
                                        reduction="none").view(N, B * T)
         return token_losses.sum(1) / (flat_labels != -100).sum(1)
