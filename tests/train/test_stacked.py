@@ -25,7 +25,7 @@ from ropelab.train.stacked_loop import train_stacked
 from ropelab.train.stacked_member import ERROR_FILE
 from ropelab.train.objectives import cross_entropy_objective
 from ropelab.train.stacked_model import (
-    StackedRotation, StackedTransformer, rotation_table, stack_groups, stack_refusal,
+    StackedRotation, StackedTransformer, member_rotation, stack_groups, stack_refusal,
 )
 from ropelab.train.stop import EX_TEMPFAIL, StoppedBySignal
 
@@ -174,18 +174,23 @@ def test_sigterm_checkpoints_every_member_and_each_resumes_alone(runs):
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("rotary_dims", [0, 2, 6, 16, 64])
-def test_rotation_table_gives_the_reference_bits(layout, rotary_dims):
-    rope = RotaryEmbedding(RopeConfig(rotary_dims=rotary_dims, layout=layout, theta=500.0), head_dim=64)
-    positions = torch.arange(40).expand(3, 40)
-    x = torch.randn(3, 2, 40, 64)
-    cos, sin, partner = rotation_table(rope, positions, 64)
-    rotated = StackedRotation.apply(x, cos, sin, partner)
-    if rotary_dims:
-        expected = apply_partial_rope(x, *rope.cos_sin(positions), rotary_dims, layout)
-    else:
-        expected = x
-    assert torch.equal(rotated, expected)
+def test_stacked_rotation_is_each_members_reference_rotation_and_its_gradient(layout):
+    ropes = [RotaryEmbedding(RopeConfig(rotary_dims=dims, layout=layout, theta=theta), head_dim=64)
+             for dims, theta in ((0, 1e4), (2, 1e4), (6, 500.0), (16, 1e4), (64, 1e6))]
+    positions = torch.stack([torch.arange(40).expand(3, 40), torch.arange(5, 45).expand(3, 40)] * 3)[:5]
+    q = torch.randn(5, 3, 2, 40, 64, requires_grad=True)
+    k = torch.randn(5, 3, 1, 40, 64, requires_grad=True)
+    rotations = [member_rotation(rope, ids) for rope, ids in zip(ropes, positions)]
+    rotated_q, rotated_k = StackedRotation.apply(q, k, rotations)
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    torch.autograd.backward((rotated_q, rotated_k), (grad_q, grad_k))
+    for n, (rope, ids) in enumerate(zip(ropes, positions)):
+        for x, rotated, grad in ((q, rotated_q, grad_q), (k, rotated_k, grad_k)):
+            leaf = x[n].detach().requires_grad_()
+            expected = apply_partial_rope(leaf, *rope.cos_sin(ids), rope.rotary_dims, layout) if rope.rotary_dims else leaf
+            expected.backward(grad[n])
+            torch.testing.assert_close(rotated[n], expected, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(x.grad[n], leaf.grad, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("second, reason", [

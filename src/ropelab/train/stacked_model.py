@@ -2,14 +2,14 @@
 
 Each weight of the members' `Transformer`s is stacked over a leading member axis N, and the forward runs
 every matrix product of the N members as one batched product (`torch.bmm` / `baddbmm`), each member with
-its own weights and its own RoPE: a per-member table of cos and signed sin over all D channels (cos 1 and
-sin 0 on the channels a member leaves unrotated, where x * 1 + y * 0 == x exactly) and the index of each
-channel's partner in its pair, so that x * cos + partner(x) * sin gives the reference rotation's bits
-(`ropelab.rope.reference`).
+its own weights and its own RoPE: the eager trainer's rotation kernel on each member's slice of q and k,
+at the member's own rotary channels, theta and layout. The loss runs in chunks of tokens through the
+eager trainer's CPU cross-entropy loop.
 
 The members' own parameters become views of the stacked ones: a member `Transformer` always holds its
-current weights (validation and checkpoints use it as the eager trainer does), and a
-`torch.optim.AdamW` built over it steps the stacked storage in place (`ropelab.train.stacked_optim`).
+current weights (validation and checkpoints use it as the eager trainer does), and the
+`torch.optim.AdamW` the eager trainer builds over it steps the stacked storage in place
+(`ropelab.train.stacked_member`).
 
 Shapes: N members, B batch, T tokens, C d_model, H query heads, K key/value heads, D head_dim, V vocab.
 """
@@ -28,6 +28,7 @@ from ropelab.attention import attend
 from ropelab.config import RunConfig
 from ropelab.model import Attention, Transformer
 from ropelab.rope.embedding import RotaryEmbedding
+from ropelab.rope.kernels import rotate_qk_at_positions_
 from ropelab.train.autocast import uses_bf16
 from ropelab.train.cross_entropy_kernel import ce_chunk, library as ce_library
 from ropelab.train.distributed import resolve_device
@@ -114,43 +115,42 @@ def stack_groups(configs: list[RunConfig], most: Optional[int] = None) -> list[l
     return sorted([group for runs in groups.values() for group in runs] + alone, key=lambda group: group[0])
 
 
-def rotation_table(rope: RotaryEmbedding, position_ids: torch.Tensor, head_dim: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One member's rotation over all D channels at position ids (B, T): cos and signed sin, each
-    (B or 1, 1, T, D), and the partner of each channel (D,), such that x * cos + x[partner] * sin is the
-    member's RoPE of x (B, H, T, D); unrotated channels get cos 1, sin 0 and themselves as partner."""
-    r, device = rope.rotary_dims, position_ids.device
-    partner = torch.arange(head_dim, device=device)
-    if r == 0:
-        ones = torch.ones(1, 1, position_ids.shape[-1], head_dim, device=device)
-        return ones, torch.zeros_like(ones), partner
-    cos, sin = rope.cos_sin(position_ids)  # each (B or 1, 1, T, r/2)
-    if rope.layout == "half":  # channel i pairs with i + r/2
-        partner[:r] = torch.cat((partner[r // 2: r], partner[: r // 2]))
-        cos_r, sin_r = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
-    else:  # interleaved: 2i pairs with 2i + 1
-        partner[:r] = partner[:r].view(-1, 2).flip(-1).flatten()
-        cos_r, sin_r = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
-    rest = head_dim - r
-    cos_full = torch.cat((cos_r, cos_r.new_ones(*cos_r.shape[:-1], rest)), -1)
-    sin_full = torch.cat((sin_r, sin_r.new_zeros(*sin_r.shape[:-1], rest)), -1)
-    return cos_full, sin_full, partner
+# One member's rotation at its batch's positions: (positions (B or 1, T), cos and sin tables (rows, r/2),
+# rotary dims r, layout), as `rotate_qk_at_positions_` takes them; None for a member that rotates nothing.
+MemberRotation = Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, str]]
+
+
+def member_rotation(rope: RotaryEmbedding, position_ids: torch.Tensor) -> MemberRotation:
+    """`MemberRotation` of one member's rotation module at its position ids (B, T)."""
+    if not rope.rotary_dims:
+        return None
+    cos, sin = rope.cos_sin(torch.arange(int(position_ids.max()) + 1, device=position_ids.device)[None])
+    return position_ids, cos[0, 0], sin[0, 0], rope.rotary_dims, rope.layout  # tables (rows, r/2)
 
 
 class StackedRotation(torch.autograd.Function):
-    """x * cos + x[partner] * sin over the last axis (`rotation_table`'s, each member's own). Pairs are
-    swapped by `partner`, an involution, so the gradient is g * cos + (g * sin)[partner]: a gather again,
-    where autograd's would scatter into zeros."""
+    """Each member's RoPE of its q (N, B, H, T, D) and k (N, B, K, T, D): the eager trainer's kernel
+    (`rotate_qk_at_positions_`: the CPU loop, which reads and writes the rotated channels only) on
+    each member's slice of a copy; backward rotates the gradients back (the inverse rotation)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, partner: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin, partner)
-        return x * cos + x.gather(-1, partner.expand(x.shape)) * sin
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, rotations: list[MemberRotation]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.rotations = rotations
+        return StackedRotation.rotate(q.clone(), k.clone(), rotations, inverse=False)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        cos, sin, partner = ctx.saved_tensors
-        return grad * cos + (grad * sin).gather(-1, partner.expand(grad.shape)), None, None, None
+    def backward(ctx, grad_q: torch.Tensor, grad_k: torch.Tensor):
+        return *StackedRotation.rotate(grad_q.clone(), grad_k.clone(), ctx.rotations, inverse=True), None
+
+    @staticmethod
+    def rotate(q: torch.Tensor, k: torch.Tensor, rotations: list[MemberRotation], inverse: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        for n, rotation in enumerate(rotations):
+            if rotation is not None:
+                positions, cos_table, sin_table, rotary_dims, layout = rotation
+                rotate_qk_at_positions_(q[n], k[n], positions, cos_table, sin_table, rotary_dims, layout, inverse)
+        return q, k
 
 
 class StackedCrossEntropy(torch.autograd.Function):
@@ -235,33 +235,26 @@ class StackedTransformer(nn.Module):
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight.view(shape) * (xf * rstd).to(x.dtype)
 
-    def rotations(self, position_ids: torch.Tensor) -> list[Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
-        """Per layer: the members' cos (N, B or 1, 1, T, D), signed sin (same) and partner indices (N, 1, 1, 1, D),
-        or None where no member rotates; layers whose members share rotation modules share one table.
-        Kept while the position ids stay the same (running positions: every step's)."""
+    def rotations(self, position_ids: torch.Tensor) -> list[Optional[list[MemberRotation]]]:
+        """Per layer: each member's `MemberRotation` at its position ids (N, B, T), or None where no member
+        rotates; layers whose members share rotation modules share one list. Kept while the position ids
+        stay the same (running positions: every step's)."""
         if self.last_rotations is not None and torch.equal(self.last_rotations[0], position_ids):
             return self.last_rotations[1]
-        D = self.config.head_size
-        tables: dict[tuple, Optional[tuple]] = {}
+        lists: dict[tuple, Optional[list[MemberRotation]]] = {}
         per_layer = []
         for layer in range(self.config.n_layer):
             ropes = [member.blocks[layer].attn.rope for member in self.members]
             key = tuple(id(rope) for rope in ropes)
-            if key not in tables:
-                if not any(rope.rotary_dims for rope in ropes):
-                    tables[key] = None
-                else:
-                    parts = [rotation_table(rope, ids, D) for rope, ids in zip(ropes, position_ids)]
-                    rows = max(p[0].shape[0] for p in parts)  # 1 where every member's rows share positions
-                    T = position_ids.shape[-1]
-                    cos = torch.stack([p[0].expand(rows, 1, T, D) for p in parts])
-                    sin = torch.stack([p[1].expand(rows, 1, T, D) for p in parts])
-                    tables[key] = (cos, sin, torch.stack([p[2] for p in parts]).view(len(parts), 1, 1, 1, D))
-            per_layer.append(tables[key])
+            if key not in lists:
+                rotations = [member_rotation(rope, ids) for rope, ids in zip(ropes, position_ids)]
+                lists[key] = None if all(r is None for r in rotations) else rotations
+            per_layer.append(lists[key])
         self.last_rotations = (position_ids.clone(), per_layer)
         return per_layer
 
-    def attention(self, x: torch.Tensor, prefix: str, rotation: Optional[tuple], backend: str) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, prefix: str, rotation: Optional[list[MemberRotation]], backend: str
+                  ) -> torch.Tensor:
         """Normalised x (N, B, T, C) -> every member's attention output (N, B, T, C)."""
         c = self.config
         N, B, T, C = x.shape
@@ -274,7 +267,7 @@ class StackedTransformer(nn.Module):
             q, k = self.norm(q, prefix + "q_norm", "rmsnorm"), self.norm(k, prefix + "k_norm", "rmsnorm")
         q, k, v = (t.transpose(2, 3) for t in (q, k, v))  # (N, B, H or K, T, D)
         if rotation is not None:
-            q, k = StackedRotation.apply(q, *rotation), StackedRotation.apply(k, *rotation)
+            q, k = StackedRotation.apply(q, k, rotation)
         y = attend(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), None, backend)  # (N * B, H, T, D)
         y = y.view(N, B, H, T, D).transpose(2, 3).reshape(N, B * T, H * D)
         return self.linear(y, prefix + "o_proj").view(N, B, T, C)
@@ -317,5 +310,5 @@ class StackedTransformer(nn.Module):
         return token_losses.sum(1) / (flat_labels != -100).sum(1)
 
 
-__all__ = ["StackedCrossEntropy", "StackedRotation", "StackedTransformer", "member_refusal", "rotation_table",
+__all__ = ["StackedCrossEntropy", "StackedRotation", "StackedTransformer", "member_refusal", "member_rotation",
            "stack_groups", "stack_key", "stack_refusal"]
