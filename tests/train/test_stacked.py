@@ -201,7 +201,8 @@ def test_stacked_rotation_is_each_members_reference_rotation_and_its_gradient(la
     (["train.z_loss=1e-4"], "train.z_loss is set"),
     (["model.position=[{type: alibi}]"], "a score bias"),
     (["model.position=[{type: fope, trained_length: 64}]"], "other than plain RoPE"),
-    (["model.n_layer=2", "model.layer_pattern=SF", "model.layer_kinds={S: {attention: sliding, window: 16}, F: {}}"], "an attention window"),
+    (["model.n_layer=2", "model.layer_pattern=SF", "model.layer_kinds={S: {attention: sliding, window: 16}, F: {}}"],
+     "an attention window"),
 ])
 def test_stack_refusal_says_why_in_one_line(second, reason):
     first = build_run_config(overrides=RUN)

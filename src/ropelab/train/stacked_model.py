@@ -32,14 +32,13 @@ from ropelab.rope.kernels import rotate_qk_at_positions_
 from ropelab.train.autocast import uses_bf16
 from ropelab.train.cross_entropy_kernel import ce_chunk, library as ce_library
 from ropelab.train.distributed import resolve_device
-from ropelab.train.phases import resolve_phases
 
 # model keys that may differ between members: what a member's init draws and its RoPE
 MEMBER_MODEL_KEYS = ("name", "rope", "init_std", "max_seq_len", "position")
-CHUNK_ROWS = 256  # tokens per chunk of the loss (`StackedCrossEntropy`), as the eager trainer's
 # keys outside `model` the members must share: the batch each step forms and how it runs
-SHARED_KEYS = (("data", "seq_len"), ("data", "tokenizer"), ("train", "micro_batch"), ("train", "grad_accum"), ("train", "precision"),
-               ("train", "device"), ("attention", "backend"))
+SHARED_KEYS = (("data", "seq_len"), ("data", "tokenizer"), ("train", "micro_batch"), ("train", "grad_accum"),
+               ("train", "precision"), ("train", "device"), ("attention", "backend"))
+CHUNK_ROWS = 256  # tokens per chunk of the loss (`StackedCrossEntropy`), as the eager trainer's
 
 
 def member_refusal(config: RunConfig) -> Optional[str]:
@@ -67,7 +66,8 @@ def member_refusal(config: RunConfig) -> Optional[str]:
         if found:
             return f"model layer {layer}: {found}; stacked members take plain full causal attention only"
         if type(attn.rope) is not RotaryEmbedding or attn.rope.per_head:
-            return f"model layer {layer}: a position encoding other than plain RoPE or NoPE (stacked members rotate only those)"
+            return (f"model layer {layer}: a position encoding other than plain RoPE or NoPE "
+                    "(stacked members rotate only those)")
     return None
 
 
@@ -92,9 +92,8 @@ def stack_refusal(configs: list[RunConfig]) -> Optional[str]:
             if other[key] != first[key]:
                 differing = key if key != "model" else "model." + next(k for k in first["model"]
                                                                       if first["model"][k] != other["model"][k])
-                return f"member {index}: {differing} differs from member 0's; stacked members share shape, batch and precision"
-    if len(resolve_phases(configs[0])) != 1:
-        return "member 0: more than one phase; stacked members train single-phase runs only"
+                return (f"member {index}: {differing} differs from member 0's; stacked members share shape, batch "
+                        "and precision")
     return None
 
 
