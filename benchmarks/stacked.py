@@ -5,10 +5,10 @@
     python benchmarks/stacked.py --shape 64 192 3                 # the largest size
 
 The members are the smallest shape of configs/claims/partial-scaling.yaml (d_model 32, d_ff 64, one head
-of 64, one layer, bytes, 256 per window, fp32; `--shape` sets d_model, d_ff and layers): NoPE, two channels, 10 %, 25 % and full RoPE, seeds 0 and
-1 (ten runs; `--members` takes the first N of them). For each micro-batch the stack trains once
-(`ropelab.train.stacked_loop.train_stacked`) and each member once alone (`ropelab.train.loop.train`), no
-evaluation or checkpoint until the end. A step's time is the median over the steps after `--warmup`;
+of 64, one layer, bytes, 256 per window, fp32; `--shape` sets d_model, d_ff and layers): NoPE, two
+channels, 10 %, 25 % and full RoPE, seeds 0 and 1 (ten runs; `--members` takes the first N of them). For
+each micro-batch the stack trains once (`ropelab.train.stacked_loop.train_stacked`) and each member once
+alone (`ropelab.train.loop.train`), no evaluation or checkpoint until the end. A step's time is the median over the steps after `--warmup`;
 the stack's time per member is its step time over N. Prints a table, then ONE JSON line of every figure.
 """
 
@@ -44,7 +44,8 @@ def step_seconds(run_dir: Path, warmup: int) -> float:
 def measure(micro_batch: int, members: int, steps: int, seq_len: int, warmup: int, shape: list[int]) -> dict:
     d_model, d_ff, layers = shape
     overrides = [*SHAPE, f"model.d_model={d_model}", f"model.d_ff={d_ff}", f"model.n_layer={layers}",
-                 f"data.seq_len={seq_len}", f"train.micro_batch={micro_batch}", f"train.steps={steps}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}", "train.eval_batches=1"]
+                 f"data.seq_len={seq_len}", f"train.micro_batch={micro_batch}", f"train.steps={steps}",
+                 f"train.eval_every={steps}", f"train.checkpoint_every={steps}", "train.eval_batches=1"]
     runs = [overrides + member for member in MEMBERS[:members]]
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
