@@ -8,8 +8,9 @@ The members are the smallest shape of configs/claims/partial-scaling.yaml (d_mod
 of 64, one layer, bytes, 256 per window, fp32; `--shape` sets d_model, d_ff and layers): NoPE, two
 channels, 10 %, 25 % and full RoPE, seeds 0 and 1 (ten runs; `--members` takes the first N of them). For
 each micro-batch the stack trains once (`ropelab.train.stacked_loop.train_stacked`) and each member once
-alone (`ropelab.train.loop.train`), no evaluation or checkpoint until the end. A step's time is the median over the steps after `--warmup`;
-the stack's time per member is its step time over N. Prints a table, then ONE JSON line of every figure.
+alone (`ropelab.train.loop.train`), no evaluation or checkpoint until the end. A step's time is the
+median over the steps after `--warmup`; the stack's time per member is its step time over N. Prints a
+table, then ONE JSON line of every figure.
 """
 
 from __future__ import annotations
