@@ -279,3 +279,12 @@ def test_stack_groups_gather_runs_that_stack_and_leave_the_others_alone():
     assert stack_groups(configs) == [[0, 2, 4], [1, 5], [3]]
     assert stack_groups(configs, most=2) == [[0, 2], [1, 5], [3], [4]]
     assert [stack_refusal([configs[i] for i in group]) is None for group in stack_groups(configs)] == [True, True, False]
+
+
+def test_accumulated_steps_equal_eager(tmp_path):
+    runs = [SHAPE + ["train.micro_batch=4", "train.grad_accum=2", "train.steps=8", "train.eval_every=8", rope, "seed=7"]
+            for rope in VARIANTS[1:3]]
+    train_stacked([build_run_config(overrides=run) for run in runs], [tmp_path / "s0", tmp_path / "s1"])
+    for index, run in enumerate(runs):
+        train(build_run_config(overrides=run), tmp_path / f"e{index}")
+        assert max_loss_difference(tmp_path / f"s{index}", tmp_path / f"e{index}") < LOSS_RTOL
