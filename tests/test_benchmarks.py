@@ -80,3 +80,10 @@ def test_attention_benchmark_splits_the_fused_kernel_into_its_products_and_its_s
     assert list(record["products_over_kernel"]) == dtypes
     assert set(record["median_s"]) == {f"{part}/{d}" for part in ("kernel", "products", "softmax") for d in dtypes}
     assert all(t > 0 and math.isfinite(t) for t in record["median_s"].values())
+
+
+def test_stacked_benchmark_compares_a_stack_with_its_members_trained_alone():
+    record = _run("stacked.py", "--members", "2", "--steps", "4", "--warmup", "1", "--seq", "32", "--micro-batches", "1")
+    (result,) = record["results"]
+    assert result["members"] == 2 and result["micro_batch"] == 1
+    assert result["stacked_step_ms"] > 0 and result["eager_step_ms"] > 0 and result["speedup"] > 0

@@ -217,3 +217,18 @@ def test_copy_span_reaches_the_training_loader_only():
     config = build_run_config(overrides=["data.copy_span=8", "data.copy_share=0.75", "data.seq_len=32"])
     train, validation, _ = build_loaders(config)
     assert (train.copy_span, train.copy_share) == (8, 0.75) and validation.copy_span is None
+
+
+def test_interleaved_loaders_each_keep_their_epoch_order():
+    """A stack's members draw batches from their own loaders in turn (`ropelab.train.stacked_loop`): each
+    loader keeps its epoch's window order instead of drawing it again on every call."""
+    split = make_split([500, 300, 700])
+    loaders = [PackedLoader(split, seq_len=16, seed=seed) for seed in range(3)]
+    for loader in loaders:
+        loader.batch(0, 0, 2, 1)
+    orders = [loader.epoch_order[1] for loader in loaders]
+    for step in range(1, 4):
+        for loader, order in zip(loaders, orders):
+            alone = PackedLoader(split, seq_len=16, seed=loader.seed).batch(step, 0, 2, 1)
+            assert np.array_equal(loader.batch(step, 0, 2, 1).input_ids, alone.input_ids)
+            assert loader.epoch_order[1] is order

@@ -35,6 +35,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train_stacked(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--member", nargs=2, action="append", required=True, metavar=("CONFIG", "OUT"),
+                   help="a run's YAML config (as `ropelab train --config`) and its new run folder; repeat per member")
+
+
+def cmd_train_stacked(args: argparse.Namespace) -> int:
+    """Fresh runs of one shape trained as one stacked model (`ropelab.train.stacked_loop`); exit 1
+    when a member diverged (its folder holds error.txt), 75 on SIGTERM/SIGUSR1 with every member checkpointed."""
+    import sys
+
+    from ropelab.config import load_yaml
+    from ropelab.train.stacked_loop import train_stacked
+
+    configs = []
+    for path, _ in args.member:
+        base = load_yaml(path)  # its refusals name the file
+        try:
+            configs.append(build_run_config(base))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    results = train_stacked(configs, [out for _, out in args.member])
+    for (_, out), result in zip(args.member, results):
+        if result is None:
+            print(f"failed: {out} diverged (see {out}/error.txt)", file=sys.stderr)
+        else:
+            print(f"done: {result.steps} steps, {result.tokens:,} tokens, train loss {result.final_train_loss:.4f}, "
+                  f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s -> {result.run_dir}")
+    return 1 if any(result is None for result in results) else 0
+
+
 def _add_presets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -136,6 +166,8 @@ def _distill_cache(args: argparse.Namespace) -> int:
 
 COMMANDS: list[Command] = [
     ("train", add_run_arguments, cmd_train, "train one model (or resume one run)"),
+    ("train-stacked", _add_train_stacked, cmd_train_stacked,
+     "train fresh runs of one shape as one stacked model, each folder as `train` writes it"),
     ("distill", _add_distill, cmd_distill, "train a student by logit KD from a teacher (or, --cache, store teacher logits)"),
     ("presets", _add_presets, cmd_presets, "list model presets with parameter counts"),
 ]

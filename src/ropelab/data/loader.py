@@ -32,7 +32,6 @@ rewards looking back as far as the window reaches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterator, Optional
 
 import numpy as np
@@ -108,6 +107,7 @@ class PackedLoader:
         self.split = split
         self.seq_len = seq_len
         self.seed = seed
+        self.epoch_order: Optional[tuple[int, np.ndarray]] = None  # (epoch, its window order): `_permutation`
         self.positions = positions
         self.pack = pack
         self.mask_boundary_labels = mask_boundary_labels
@@ -123,9 +123,12 @@ class PackedLoader:
         if self.num_windows < 1:
             raise ConfigError(f"{name}: {split.num_tokens} tokens, fewer than one window of {seq_len + 1}; lower data.seq_len or add data")
 
-    @lru_cache(maxsize=2)
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+        """The window order of `epoch`, kept per loader for the epoch last asked (a cache shared by every
+        loader, as `lru_cache` on a method is, was drawn anew on every call of a stack's interleaved members)."""
+        if self.epoch_order is None or self.epoch_order[0] != epoch:
+            self.epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_windows))
+        return self.epoch_order[1]
 
     def span(self, window_index: int) -> tuple[int, int]:
         """(first stream position, token count) of a window."""
