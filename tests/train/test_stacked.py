@@ -3,6 +3,7 @@ losses and validation losses, a member of fewer steps leaving the stack, a diver
 alone, a stop signal checkpointing every member (each then resumes alone, eagerly), the refusals."""
 
 import copy
+import json
 import os
 import signal
 import shutil
@@ -118,6 +119,8 @@ def test_members_equal_their_eager_runs(runs):
         assert len(val_s) == len(val_e) == 2 and abs(val_s[-1] - val_e[-1]) < VAL_ATOL
         assert (stacked / "config.yaml").read_text() == (eager / "config.yaml").read_text()
         assert runs["results"][index].steps == (20 if index == len(MEMBERS) else 50)
+        result_s, result_e = (json.loads((folder / "result.json").read_text()) for folder in (stacked, eager))
+        assert set(result_s) == set(result_e) and result_s["data_passes"] == pytest.approx(result_e["data_passes"])
     print(f"largest relative loss difference, stacked against eager: {worst:.2e}")
     assert worst < LOSS_RTOL
 

@@ -93,7 +93,7 @@ RESULT_FIELDS = {"run_dir": ("a string", lambda value: isinstance(value, str)), 
                  "final_train_loss": _NUMBER, "final_val_loss": _NUMBER, "tokens": _COUNT, "wall_time_s": _NUMBER,
                  "tokens_per_s": _NUMBER, "skipped_steps": _COUNT,
                  "phases": ('a list of {"name", "end_step", "val_loss"}', _phases),
-                 "init_from": _RECORD, "branch_from": _RECORD}
+                 "init_from": _RECORD, "branch_from": _RECORD, "data_passes": _NUMBER}
 RESULT_REQUIRED = ("steps",)
 
 

@@ -29,7 +29,7 @@ from ropelab.precision import matmul_dtype
 from ropelab.sources.runs import CONFIG, write_result
 from ropelab.train import checkpoint as ckpt
 from ropelab.train.distributed import DistEnv, clip_grad_norm
-from ropelab.train.loop import TrainResult
+from ropelab.train.loop import TrainResult, data_passes
 from ropelab.train.lock import RunLock
 from ropelab.train.metrics import MetricsLog
 from ropelab.train.optim import allocate_state, build_optimizer, lr_at, set_lr
@@ -173,7 +173,7 @@ class Member:
             run_dir=self.run_dir, steps=step, final_train_loss=self.last_loss, final_val_loss=self.last_val,
             tokens=tokens_seen([self.phase], step), wall_time_s=time.perf_counter() - self.wall_start,
             tokens_per_s=tokens_seen([self.phase], step) / self.compute_time if self.compute_time else float("nan"),
-            skipped_steps=self.guard.skipped, phases=[],
+            skipped_steps=self.guard.skipped, phases=[], data_passes=data_passes([self.phase], step, lambda phase: self.loader),
         )
         write_result(self.run_dir, result.to_dict())
         return result
