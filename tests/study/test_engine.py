@@ -98,6 +98,16 @@ def test_a_path_that_rounds_differently_must_save_a_tenth(tmp_path, candidate):
     assert min(m["estimate_s"] for m in record["measured"][2:]) < record["measured"][1]["estimate_s"]
 
 
+def test_a_bitwise_equal_gain_is_weighed_against_the_layout_chosen_not_a_faster_one_refused(tmp_path):
+    # compiled steps 5 % faster are refused (rounding); the allocator's 3 % on eager steps is still taken
+    def step_s(layout):
+        return 0.0095 if layout.compile else (0.0097 if layout.allocator else 0.010)
+
+    record = choose_layout({}, runs=4, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler="g++",
+                           allocator="/lib/libtcmalloc.so.4", measure=lambda tree, layout, folder, study_dir: Probe(1.0, step_s(layout)))
+    assert record["chosen"]["compile"] is False and record["chosen"]["allocator"] == "/lib/libtcmalloc.so.4"
+
+
 def test_stacked_members_that_do_not_pay_are_measured_and_left(tmp_path):
     record = choose_layout({}, runs=4, steps=10016, cores=2, folder=tmp_path, study_dir=tmp_path, compiler=None, allocator=None,
                            measure=fake_measure(lambda layout: 0.0101 * layout.stack if layout.stack > 1 else 0.010), alone=4, unstackable=None)

@@ -43,8 +43,7 @@ import statistics
 import sys
 import sysconfig
 import time
-import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -171,7 +170,7 @@ def trainer_command(members: list[tuple[Path, Path]]) -> list[str]:
 
 def trainer_layout(layout: Layout) -> Layout:
     """What a process of `layout` runs as: a stacked process trains its own batched model, not compiled."""
-    return dataclasses.replace(layout, compile=False) if layout.stack > 1 else layout
+    return replace(layout, compile=False) if layout.stack > 1 else layout
 
 
 @dataclass
@@ -226,20 +225,20 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
     `runs` start from nothing, and may be stacked unless `unstackable` says why not."""
     compiler = cpp_compiler() if compiler == "auto" else compiler
     allocator = installed_allocator() if allocator == "auto" else allocator
-    measured, probes = [], {}
+    measured, probes, estimates = [], {}, {}
     cold_compile_s = []  # what the first run of a compiled layout spends filling the inductor cache
 
     def trial(layout: Layout, estimate: Optional[Callable[[Probe], float]] = None) -> float:
         probe = probes[layout] = measure(tree, layout, folder, study_dir)
         extra = {}
-        if layout.compile:
-            if not cold_compile_s:
-                cold = probe
-                probe = probes[layout] = measure(tree, layout, folder, study_dir)
-                cold_compile_s.append(max(0.0, cold.wall_s - probe.wall_s))
-                extra = {"cold_wall_s": round(cold.wall_s, 3)}
+        if layout.compile and not cold_compile_s:
+            cold = probe
+            probe = probes[layout] = measure(tree, layout, folder, study_dir)
+            cold_compile_s.append(max(0.0, cold.wall_s - probe.wall_s))
+            extra = {"cold_wall_s": round(cold.wall_s, 3)}
         seconds = estimate(probe) if estimate else estimate_s(probe, layout, runs, steps, probe_steps)
         seconds += cold_compile_s[0] if layout.compile else 0.0
+        estimates[layout] = seconds
         measured.append({**asdict(layout), "wall_s": round(probe.wall_s, 3), "step_s": round(probe.step_s, 6), **extra,
                          "estimate_s": round(seconds, 2)})
         return seconds
@@ -251,26 +250,26 @@ def choose_layout(tree: dict, runs: int, steps: int, cores: int, folder: Path, s
         notes.append("no C++ compiler found: compiled steps not tried")
     else:
         compiled = Layout(best.processes, best.threads, compile=True)
-        if trial(compiled) < (1 - ROUNDING_MARGIN) * min(m["estimate_s"] for m in measured[:-1]):
+        if trial(compiled) < (1 - ROUNDING_MARGIN) * estimates[best]:
             best = compiled
     if allocator is None:
         notes.append("no tcmalloc or jemalloc installed: glibc malloc")
     else:
         with_allocator = Layout(best.processes, best.threads, best.compile, allocator)
-        if trial(with_allocator) < min(m["estimate_s"] for m in measured[:-1]):
+        if trial(with_allocator) < estimates[best]:
             best = with_allocator
     if unstackable is not None or alone < 2:
         notes.append(f"stacked members not tried: {unstackable or 'fewer than two runs start from nothing'}")
     else:
         members = min(STACK_MAX, math.ceil(alone / best.processes))
-        stacked = dataclasses.replace(best, stack=members)
+        stacked = replace(best, stack=members)
         best_probe = probes[best]
 
         def stacked_estimate(probe: Probe) -> float:  # the stacked runs, then the others as `best` trains them
             return (estimate_s(probe, stacked, alone, steps, probe_steps)
                     + (estimate_s(best_probe, best, runs - alone, steps, probe_steps) if runs > alone else 0.0))
 
-        if trial(stacked, stacked_estimate) < (1 - ROUNDING_MARGIN) * min(m["estimate_s"] for m in measured[:-1]):
+        if trial(stacked, stacked_estimate) < (1 - ROUNDING_MARGIN) * estimates[best]:
             best = stacked
     return {"chosen": asdict(best), "measured": measured, "notes": notes, "runs": runs, "steps": steps,
             "probe_steps": probe_steps}
