@@ -168,11 +168,19 @@ def _start(state: RunState, directory: Path, cache: Optional[Path] = None, start
     except RunLocked:
         state.status = "elsewhere"
         return
-    env = {**os.environ, **state.layout.environment(directory.parent.parent)}
+    _launch([state], command, state.layout, directory / "train.log", directory.parent.parent, starter, peaks)
+
+
+def _launch(states: list[RunState], command: list[str], layout: Layout, log: Path, study_dir: Path,
+            starter: Optional[WarmStarter], peaks: Optional[StudyPeaks]) -> None:
+    """Start the trainer process of `states` (one run, or the members of a stack) in `layout`'s environment
+    with the study's `peaks`, from `starter` where given."""
+    env = {**os.environ, **layout.environment(study_dir)}
     if peaks is not None:
-        env.update(peaks.environment(state.run.config.to_dict(), state.layout.threads))
-    state.process = (starter.start if starter else plain_start)(command, env, directory / "train.log")
-    state.status = "running"
+        env.update(peaks.environment(states[0].run.config.to_dict(), layout.threads))
+    process = (starter.start if starter else plain_start)(command, env, log)
+    for state in states:
+        state.process, state.status = process, "running"
 
 
 def _start_stack(members: list[RunState], study_dir: Path, starter: Optional[WarmStarter] = None,
@@ -194,16 +202,16 @@ def _start_stack(members: list[RunState], study_dir: Path, starter: Optional[War
             state.status = "elsewhere"
     if not planned:
         return
-    layout = planned[0][0].layout
-    env = {**os.environ, **trainer_layout(layout).environment(study_dir)}
-    if peaks is not None:
-        env.update(peaks.environment(planned[0][0].run.config.to_dict(), layout.threads))
-    log = study_dir / "engine" / "stacks" / f"{planned[0][0].run.id}.log" if len(planned) > 1 else planned[0][2] / "train.log"
+    states = [state for state, _, _ in planned]
+    command = trainer_command([(plan, directory) for _, plan, directory in planned])
+    if len(planned) == 1:  # the others are done, held or resume alone: a run of its own
+        _launch(states, command, states[0].layout, planned[0][2] / "train.log", study_dir, starter, peaks)
+        return
+    log = study_dir / "engine" / "stacks" / f"{states[0].run.id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    process = (starter.start if starter else plain_start)(trainer_command([(plan, directory) for _, plan, directory in planned]),
-                                                          env, log)
-    for state, _, _ in planned:
-        state.process, state.log, state.status = process, log if len(planned) > 1 else None, "running"
+    _launch(states, command, trainer_layout(states[0].layout), log, study_dir, starter, peaks)
+    for state in states:
+        state.log = log
 
 
 def _stack_companions(state: RunState, states: list[RunState], caches: dict[str, Path]) -> Optional[list[RunState]]:
