@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ropelab.config import ConfigError, RunConfig
+from ropelab.config import ConfigError, ModelConfig, RunConfig
 from ropelab.data.loader import PackedLoader
 from ropelab.data.pieces import ApartPieces
 from ropelab.data.prepare import builtin_token_folder
 from ropelab.data.sources import BUILTIN_CORPORA
-from ropelab.data.tokenizer import load_tokenizer
+from ropelab.data.tokenizer import load_tokenizer, padded_vocab
 from ropelab.data.tokens import SPLITS, check_sizes, open_split, read_manifest
 from ropelab.data.verify import verify_checksums
 
@@ -45,6 +45,15 @@ def check_tokenizer(folder: Path, manifest: dict, spec: str) -> None:
             f"data.tokenizer={spec!r} (fingerprint {fingerprint}) differs from the tokenizer of {folder} "
             f"({manifest['tokenizer']!r}, fingerprint {manifest['tokenizer_fingerprint']}); {fix}"
         )
+
+
+def fit_vocab_size(model: ModelConfig, manifest: dict) -> None:
+    """Set `model.vocab_size` from the token folder's tokenizer (padded) where it is unset; refuse one
+    smaller than the tokenizer's."""
+    if model.vocab_size is None:
+        model.vocab_size = padded_vocab(manifest["vocab_size"])
+    elif model.vocab_size < manifest["vocab_size"]:
+        raise ConfigError(f"model.vocab_size={model.vocab_size}: smaller than the tokenizer's {manifest['vocab_size']}")
 
 
 def check_vocab(folder: Path, manifest: dict, vocab_size) -> None:

@@ -26,9 +26,8 @@ import torch
 from ropelab.allocator import reuse_freed_memory
 from ropelab.config import PLAN_KEYS, ConfigError, RunConfig
 from ropelab.data.loader import PackedLoader
-from ropelab.data.pipeline import build_loaders
-from ropelab.data.tokenizer import padded_vocab
-from ropelab.errors import TrainingDiverged, is_storage_error
+from ropelab.data.pipeline import build_loaders, fit_vocab_size
+from ropelab.errors import is_storage_error
 from ropelab.files import refuse_links_out
 from ropelab.model import Transformer, model_summary
 from ropelab.precision import matmul_dtype
@@ -177,11 +176,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
             loaders[phase.index] = build_loaders(phase.config)
         return loaders[phase.index]
 
-    manifest = loaders_for(phases[0])[2]
-    if config.model.vocab_size is None:
-        config.model.vocab_size = padded_vocab(manifest["vocab_size"])
-    elif config.model.vocab_size < manifest["vocab_size"]:
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: smaller than the tokenizer's {manifest['vocab_size']}")
+    fit_vocab_size(config.model, loaders_for(phases[0])[2])
     for phase in phases:
         phase.config.model.vocab_size = config.model.vocab_size
     weights, init_record = None, None
@@ -344,11 +339,7 @@ def _train(config, run_dir, resume, callbacks, objective, from_checkpoint, env: 
                 for callback in callbacks:
                     callback(row)
                 if guard.exhausted:
-                    good = known_good["last"] or known_good["pending"]
-                    where = f"the last good checkpoint is {good}" if good else "no checkpoint was written before them"
-                    raise TrainingDiverged(
-                        f"{run_dir}: {guard.consecutive} consecutive bad steps (last: {reason} at step {step}); {where}"
-                    )
+                    raise guard.diverged(run_dir, step, reason, known_good["last"] or known_good["pending"])
                 # a state reached through skipped steps only is not saved: its data position is past bad batches
                 due = step % ptc.checkpoint_every == 0 or step == phase.end or step in tc.checkpoint_steps
                 if due and guard.consecutive == 0:

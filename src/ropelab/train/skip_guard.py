@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from pathlib import Path
 from typing import Optional
 
 from ropelab.config import RunConfig
+from ropelab.errors import TrainingDiverged
 
 
 class SkipGuard:
@@ -38,3 +40,8 @@ class SkipGuard:
     @property
     def exhausted(self) -> bool:
         return self.consecutive >= self.max_bad
+
+    def diverged(self, run_dir: Path, step: int, reason: Optional[str], good: Optional[Path]) -> TrainingDiverged:
+        """The error that stops a run whose bad steps ran out at `step`, naming its last good checkpoint."""
+        where = f"the last good checkpoint is {good}" if good else "no checkpoint was written before them"
+        return TrainingDiverged(f"{run_dir}: {self.consecutive} consecutive bad steps (last: {reason} at step {step}); {where}")

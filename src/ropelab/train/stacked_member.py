@@ -20,9 +20,8 @@ from typing import Optional
 
 import torch
 
-from ropelab.config import ConfigError, RunConfig
-from ropelab.data.pipeline import build_loaders
-from ropelab.data.tokenizer import padded_vocab
+from ropelab.config import RunConfig
+from ropelab.data.pipeline import build_loaders, fit_vocab_size
 from ropelab.errors import TrainingDiverged
 from ropelab.model import Transformer
 from ropelab.precision import matmul_dtype
@@ -65,11 +64,7 @@ class Member:
         for line in base_warnings([self.phase]):
             print(line, file=sys.stderr)
         self.loader, self.val_loader, manifest = build_loaders(pc)
-        if config.model.vocab_size is None:
-            config.model.vocab_size = padded_vocab(manifest["vocab_size"])
-        elif config.model.vocab_size < manifest["vocab_size"]:
-            raise ConfigError(f"model.vocab_size={config.model.vocab_size}: smaller than the tokenizer's "
-                              f"{manifest['vocab_size']}")
+        fit_vocab_size(config.model, manifest)
         pc.model.vocab_size = config.model.vocab_size
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG).write_text(config.to_yaml())
@@ -139,10 +134,7 @@ class Member:
         """The eager trainer's error when the skip guard is exhausted after `step`, else None."""
         if not self.guard.exhausted:
             return None
-        good = self.known_good["last"] or self.known_good["pending"]
-        where = f"the last good checkpoint is {good}" if good else "no checkpoint was written before them"
-        return TrainingDiverged(f"{self.run_dir}: {self.guard.consecutive} consecutive bad steps "
-                                f"(last: {reason} at step {step}); {where}")
+        return self.guard.diverged(self.run_dir, step, reason, self.known_good["last"] or self.known_good["pending"])
 
     def save_if_due(self, step: int) -> None:
         tc = self.config.train
