@@ -180,7 +180,8 @@ def test_sigterm_stops_every_trainer_with_a_checkpoint_and_a_rerun_finishes(tmp_
     config.write_text(yaml.safe_dump({"name": "t", "base": long_base, "grid": {"model.rope.fraction": [0.0, 1.0]}}))
     out = tmp_path / "s"
     if engine != "eager":  # the choice of an earlier measurement, read back, not measured again
-        write_engine_record(out, Layout(2, 1) if engine == "auto" else Layout(1, 2, stack=2), long_base)
+        # stacked: one process of both runs at 1 thread; the rerun resumes each alone, 2 x 1 thread as eager's
+        write_engine_record(out, Layout(2, 1) if engine == "auto" else Layout(2, 1, stack=2), long_base)
     runs = [out / "runs" / name for name in ("fraction0", "fraction1")]
     study_process = subprocess.Popen([sys.executable, "-m", "ropelab", "study", "--config", config, "--out", out, "--no-live",
                                       "--jobs", "2", "--engine", "eager" if engine == "eager" else "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
