@@ -9,8 +9,10 @@ are removed; runs whose configs differ only by the seed are seed replicas.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
+import re
 from typing import Any, Optional
 
 from ropelab.config import DataConfig, ModelConfig, TrainConfig, build_run_config, resolve_rotary_dims
@@ -87,6 +89,20 @@ def finite_or_none(x: Any) -> Optional[float]:
     return x if math.isfinite(x) else None
 
 
+def _kept_pairs(cfg: dict) -> Optional[int]:
+    """The frequency pairs a converted run's KV heads keep (the most of any layer and head in its plan,
+    `model.rope_layers.<i>.pairs`, or `model.rope.keep_pairs` before the plan is resolved); None for a run
+    that rotates by fraction or rotary_dims."""
+    layers = _get(cfg, "model.rope_layers", None)
+    counts = [len(head) for layer in (layers.values() if isinstance(layers, dict) else [])
+              if isinstance(layer, dict) and isinstance(layer.get("pairs"), list)
+              for head in layer["pairs"] if isinstance(head, list)]
+    if counts:
+        return max(counts)
+    keep = _get(cfg, "model.rope.keep_pairs", None)
+    return keep if isinstance(keep, int) and not isinstance(keep, bool) else None
+
+
 def run_facts(cfg: dict) -> dict:
     """The summary's columns that come from a run's (normalized) config."""
     d_model = int(_get(cfg, "model.d_model", _MODEL.d_model))
@@ -94,6 +110,9 @@ def run_facts(cfg: dict) -> dict:
     head_dim = int(_get(cfg, "model.head_dim", None) or d_model // n_head)
     nominal = float(_get(cfg, "model.rope.fraction", 1.0))
     explicit = _get(cfg, "model.rope.rotary_dims", None)
+    kept = _kept_pairs(cfg)
+    if kept is not None:  # a conversion plan rotates the pairs it keeps, whatever the fraction says
+        explicit = 2 * kept
     rotary_dims = resolve_rotary_dims(head_dim, nominal, explicit)
     return {
         "block": _get(cfg, "model.block", _MODEL.block),
@@ -111,12 +130,35 @@ def run_facts(cfg: dict) -> dict:
     }
 
 
+_PER_LAYER = re.compile(r"^(model\.(?:rope_layers|position_layers))\.\d+\.(.+)$")
+
+
+def _per_layer_folded(flat: dict) -> dict:
+    """`flat` with each per-layer family (``model.rope_layers.<i>.pairs`` over the layers, as a conversion
+    plan resolves them) folded into one key ``model.rope_layers.*.pairs``, valued by a short fingerprint
+    of its layers' values: a plan of 30 layers is one entry of a group's name, not 30."""
+    folded, families = {}, {}
+    for key, value in flat.items():
+        match = _PER_LAYER.match(key)
+        if match is None:
+            folded[key] = value
+        else:
+            families.setdefault(f"{match[1]}.*.{match[2]}", {})[key] = value
+    for family, values in families.items():
+        digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:6]
+        folded[family] = f"{len(values)} layers #{digest}"
+    return folded
+
+
 def group_labels(keys: dict[str, str]) -> dict[str, str]:
-    """Readable name for each comparison-group key: the config values that differ between groups."""
+    """Readable name for each comparison-group key: the config values that differ between groups. Up to
+    four such keys are all named; past four, the fewest that still tell every group apart (taken greedily,
+    the layer pattern, block, length, corpus, QK-norm and learning rate first), then "...". Per-layer
+    families count as one key (`_per_layer_folded`)."""
     unique = list(dict.fromkeys(keys.values()))
     if len(unique) == 1:
         return {unique[0]: "all"}
-    flats = {k: json.loads(k) for k in unique}
+    flats = {k: _per_layer_folded(json.loads(k)) for k in unique}
     names = sorted(set().union(*flats.values()))
     varying = [n for n in names if len({json.dumps(f.get(n), default=str) for f in flats.values()}) > 1]
     preferred = ["model.layer_pattern", "model.block", "data.seq_len", "data.corpus", "model.qk_norm", "train.lr"]
@@ -126,11 +168,18 @@ def group_labels(keys: dict[str, str]) -> dict[str, str]:
     short = {n: n.split(".", 1)[-1] if last_parts.count(n.split(".")[-1]) > 1 else n.split(".")[-1] for n in varying}
     short["data.corpus"] = "dataset"
 
-    def label(flat: dict, count: int) -> str:
-        parts = [f"{short[n]}={flat.get(n, '-')}" for n in varying[:count]]
-        return ", ".join(parts) + (", ..." if len(varying) > count else "")
+    def values(flat: dict, chosen: list[str]) -> tuple:
+        return tuple(json.dumps(flat.get(n), default=str) for n in chosen)
 
-    labels = {k: label(flat, 4) for k, flat in flats.items()}
-    if len(set(labels.values())) < len(labels):  # four keys do not tell some groups apart: name every key
-        labels = {k: label(flat, len(varying)) for k, flat in flats.items()}
-    return labels
+    def distinct(chosen: list[str]) -> int:
+        return len({values(flat, chosen) for flat in flats.values()})
+
+    chosen = varying
+    if len(varying) > 4:
+        chosen = []
+        while distinct(chosen) < len(flats) and len(chosen) < len(varying):
+            best = max((n for n in varying if n not in chosen), key=lambda n: distinct(chosen + [n]))
+            chosen.append(best)
+        chosen.sort(key=varying.index)
+    more = ", ..." if len(chosen) < len(varying) else ""
+    return {k: ", ".join(f"{short[n]}={flat.get(n, '-')}" for n in chosen) + more for k, flat in flats.items()}
