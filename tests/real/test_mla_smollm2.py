@@ -1,6 +1,6 @@
 """MLA on the real model (SmolLM2-135M: 9 query heads, 3 KV heads of 64 channels, 30 layers): exact at full
-rank, and at MHA2MLA's 135M budget (2 pairs, rank 8 per KV head: 36 of 384 cached values per layer) the
-absorbed decoding over the latent cache gives the materialised tokens and logits."""
+rank, and at the budget of MHA2MLA's SmolLM-135M config (2 pairs, rank 8 per KV head: 36 of 384 cached values
+per layer) the absorbed decoding over the latent cache gives the materialised tokens and logits."""
 
 from __future__ import annotations
 

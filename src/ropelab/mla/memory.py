@@ -2,8 +2,10 @@
 
 Per token and layer a KV head caches 2 x head_dim values with whole keys and values, d + 2r with the latent
 (`ropelab.config.mla.cached_values`): r RoPE pairs kept (the rotated key channels) and a latent of rank d.
-MHA2MLA's SmolLM-135M budget, 2 pairs and rank 8 per KV head over 3 KV heads of 64 channels, caches 36 of
-384 values per layer (-90.6%, Ji et al. 2025, arXiv 2502.14837). Torch-free: `ropelab memory --mla` reads it.
+MHA2MLA's repository config for SmolLM-135M (JT-Ushio/MHA2MLA, cfgs/SmolLM1-135M-4GPU.yml: 2 pairs and rank 8
+per KV head, over 3 KV heads of 64 channels) caches 36 of 384 values per layer (-90.6%); its paper's 135M rows
+(Ji et al. 2025, arXiv 2502.14837 v1, Table 1) keep 4 pairs: -87.5% at rank 8. Torch-free: `ropelab memory --mla`
+reads it.
 """
 
 from __future__ import annotations
