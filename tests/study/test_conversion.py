@@ -91,3 +91,12 @@ def test_the_written_report_names_groups_without_the_plans_layers(study):
     write_report(study)
     report = (study / "report.md").read_text()
     assert "RoPE conversion and recovery" in report and "rope_layers.0" not in report
+
+
+def test_the_final_kl_is_the_held_out_one_where_measured_and_the_conversions_for_a_run_never_trained(study):
+    (study / "conversion").mkdir()
+    (study / "conversion" / "held_out.json").write_text(json.dumps({"kd-mla-d8": {"kl_to_source": 1.25}}))
+    rows = {r["run"]: r for r in conversion_rows(study)}
+    assert (rows["kd-mla-d8"]["final_kl"], rows["mla-d8"]["final_kl"], rows["ce-mla-d8"]["final_kl"]) == (1.25, 4.0, None)
+    markdown = conversion_section(study).markdown
+    assert "| 4.500 | 1.250 | 2.250 |" in markdown and "| 4.000 | — | 2.000 |" in markdown

@@ -25,9 +25,9 @@ config written reads back as the same model), hf_models (loading with transforme
 (reading GGUF files), imported (import folders), init (runs that start from a source's weights).
 """
 
-from ropelab.sources.init import check_init, initial_weights, run_config
+from ropelab.sources.init import check_init, distance_to_source, initial_weights, run_config
 from ropelab.sources.loading import Loaded, cached_import, import_model, load, load_config
 from ropelab.sources.locate import Source, resolve
 
 __all__ = ["Loaded", "Source", "resolve", "load", "load_config", "import_model", "cached_import", "run_config",
-           "check_init", "initial_weights"]
+           "check_init", "initial_weights", "distance_to_source"]

@@ -28,6 +28,7 @@ from typing import Optional
 
 from ropelab.config import PLAN_KEYS, ConfigError, ModelConfig, RunConfig, build_run_config, parse_override
 from ropelab.data.loader import PackedLoader
+from ropelab.data.pipeline import build_loaders
 from ropelab.data.tokenizer import load_tokenizer
 from ropelab.mla.convert import latent_model
 from ropelab.model import Transformer
@@ -231,10 +232,28 @@ def initial_weights(config: RunConfig, loaders: Optional[tuple[PackedLoader, Pac
     if config.model.mla is not None:  # MHA2MLA's joint SVD (`ropelab convert` also offers svd-split)
         converted = latent_model(converted, config.model.mla.rank).eval()
         label["mla_rank"] = config.model.mla.rank
-    windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
-    check = held_out_check(model, converted, val_loader.sequential(windows, config.train.micro_batch))
+    check = held_out_check(model, converted, _check_windows(config, val_loader))
     record["conversion"] = {**label, "pairs": plans, **check}
     return converted.state_dict(), record
 
 
-__all__ = ["run_config", "check_init", "check_layers", "check_same_weights", "keep_layers", "initial_weights", "converts", "plan_label", "SHAPE_KEYS"]
+def _check_windows(config: RunConfig, val_loader: PackedLoader):
+    """The validation windows a run evaluates on: where its distance to the source is measured."""
+    windows = min(config.train.eval_batches * config.train.micro_batch, val_loader.num_windows)
+    return val_loader.sequential(windows, config.train.micro_batch)
+
+
+def distance_to_source(run_dir: str | Path) -> dict:
+    """Mean cross-entropy of a run started from `train.init_from` and of its source, and KL(source || run),
+    per token on the windows the conversion was checked on right after it (`initial_weights`), in fp32:
+    where recovery has taken the run, in the same units as `init_from.conversion` in its result.json."""
+    config = read_run_config(run_dir)
+    if not config.train.init_from:
+        raise ConfigError(f"{run_dir}: the run has no train.init_from, so no source to measure against")
+    source = load(resolve(config.train.init_from)).model.float().eval()
+    model = load(Path(run_dir)).model.float().eval()
+    return held_out_check(source, model, _check_windows(config, build_loaders(config)[1]))
+
+
+__all__ = ["run_config", "check_init", "check_layers", "check_same_weights", "keep_layers", "initial_weights",
+           "converts", "plan_label", "distance_to_source", "SHAPE_KEYS"]

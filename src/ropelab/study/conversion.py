@@ -3,8 +3,8 @@ selected-pair plan (`train.init_from` with `model.rope.keep_pairs` / `select`), 
 latent attention (`model.mla`), with or without recovery.
 
   conversion_rows(study_dir)   per run: plan, latent rank, cache per token and layer, objective, loss and KL
-                               right after conversion and at the end, and the study's long-context and
-                               lm-eval scores of the run where it has them
+                               right after conversion and at the end (`ropelab.study.conversion_check`),
+                               and the study's long-context and lm-eval scores of the run where it has them
   conversion_section(...)      that table, loss and KL against tokens, and MHA2MLA's figures beside ours
 
 MHA2MLA (Ji et al. 2025, arXiv 2502.14837, version 1) on SmolLM-135M (3 KV heads of 64 channels), after
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from ropelab.sources.runs import read_result, read_run_config
+from ropelab.study.conversion_check import read_held_out
 from ropelab.study.memory import kv_cache_bytes
 from ropelab.study.plots import new_figure, png_bytes
 from ropelab.study.section import Section, html_table, markdown_table
@@ -75,6 +76,7 @@ def conversion_rows(study_dir: Path) -> list[dict]:
     """One row per finished run that started from `train.init_from`."""
     study_dir = Path(study_dir)
     longctx, lm_eval = _runs_of(study_dir, LONGCTX_RESULTS), _runs_of(study_dir, LM_EVAL_RESULTS)
+    held_out = read_held_out(study_dir)
     rows = []
     for run in sorted((study_dir / "runs").glob("*")):
         result = read_result(run)
@@ -97,6 +99,7 @@ def conversion_rows(study_dir: Path) -> list[dict]:
             "loss_converted": conversion.get("loss_converted", val[0][1] if val else None),
             "kl_converted": conversion.get("kl_to_source", 0.0 if not conversion else None),
             "final_val_loss": val[-1][1] if val else None, "final_train_kl": kl[-1][1] if kl else None,
+            "final_kl": held_out.get(run.name, {}).get("kl_to_source") if result["steps"] else conversion.get("kl_to_source"),
             "val_curve": val, "kl_curve": kl, "scores": _scores(longctx.get(run.name), lm_eval.get(run.name)),
         })
     # the source, the conversions without and with a latent (larger ranks last), then their recoveries
@@ -172,10 +175,11 @@ def conversion_section(study_dir: Path):
     score_names = list(dict.fromkeys(name for r in rows for name in r["scores"]))
     score_names.sort(key=lambda name: "acc@1" not in name)  # long context first, then lm-eval, as `_scores`
     header = ["run", "plan", "cache per token and layer (bf16)", "objective", "tokens", "loss after conversion",
-              "KL after conversion", "final val loss", "final KL (train)", *score_names]
+              "KL after conversion", "final val loss", "final KL (held out)", "final KL (train)", *score_names]
     body = [[r["run"], f"{r['select']} r={r['keep_pairs']}" + (f", latent d={r['rank']}" if r["rank"] else ""),
              _cache(r), r["objective"], f"{r['tokens']:,}", _fmt(r["loss_converted"]), _fmt(r["kl_converted"]),
-             _fmt(r["final_val_loss"]), _fmt(r["final_train_kl"]), *(r["scores"].get(n, "—") for n in score_names)]
+             _fmt(r["final_val_loss"]), _fmt(r["final_kl"]), _fmt(r["final_train_kl"]),
+             *(r["scores"].get(n, "—") for n in score_names)]
             for r in rows]
     tables = [(header, body)]
     order_header = ["strategy", "MHA2MLA avg (higher is better)", "our loss after conversion", "after KD", "after CE"]
@@ -187,6 +191,8 @@ def conversion_section(study_dir: Path):
         tables.append((latent_header, latent_table(rows)))
     source = next((r["loss_source"] for r in rows if r["loss_source"] is not None), None)
     intro = (f"Loss and KL on the runs' validation windows (nats/token); the source's loss there is {_fmt(source)}. "
+             "KL(source || run) after conversion and at the end on the same held-out windows in fp32 "
+             "(`ropelab.study.conversion_check`); final KL (train): the KD term of the last training batch. "
              "Scores of the study's long-context and lm-eval evaluations where it ran them. MHA2MLA "
              "(arXiv 2502.14837 v1, SmolLM-135M, 2.25B tokens of fine-tuning): six-task commonsense average, "
              "Table 5 for partial RoPE alone (r = 4), Table 1 for the latent (r = 4 pairs and rank d_kv).")

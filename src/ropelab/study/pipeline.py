@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ropelab.study.conversion_check import evaluate_study_conversion
 from ropelab.study.extrapolation import evaluate_study_extrapolation
 from ropelab.study.grid import StudyConfig
 from ropelab.study.lm_eval_step import evaluate_study_lm_eval
@@ -18,6 +19,7 @@ def run_and_report(study: StudyConfig, study_dir: str | Path, jobs: int = 1, liv
     so calling it again on the same folder only does what is left."""
     statuses = run_study(study, study_dir, jobs=jobs, live=live)
     done = [k for k, v in statuses.items() if v == "done"]
+    evaluate_study_conversion(study_dir, done)  # runs recovered from a converted source: their distance to it
     if study.longctx is not None:
         evaluate_study_longctx(study_dir, study.longctx, done, live)
     if study.extrapolation is not None:
