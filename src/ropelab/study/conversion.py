@@ -22,16 +22,17 @@ from typing import Optional
 
 from ropelab.sources.runs import read_result, read_run_config
 from ropelab.study.conversion_check import read_held_out
+from ropelab.study.lm_eval_step import LM_EVAL_DIR
 from ropelab.study.memory import kv_cache_bytes
 from ropelab.study.plots import new_figure, png_bytes
-from ropelab.study.section import Section, html_table, markdown_table
+from ropelab.study.section import LONGCTX_DIR, Section, html_table, markdown_table
 from ropelab.train.metrics import read_metrics
 
 MHA2MLA_TABLE5 = {"full": 44.50, "2-norm": 43.77, "uniform": 43.76, "high": 43.40, "nope": 38.99, "low": 37.76}
 # d_kv: (their KV cache cut, six-task average); the source scores 44.50
 MHA2MLA_TABLE1 = {32: (-0.6875, 43.06), 16: (-0.8125, 41.84), 8: (-0.8750, 40.97)}
-LONGCTX_RESULTS = ("longctx", "longctx.json")
-LM_EVAL_RESULTS = ("lm_eval", "results.json")
+LONGCTX_RESULTS = (LONGCTX_DIR, "longctx.json")
+LM_EVAL_RESULTS = (LM_EVAL_DIR, "results.json")
 
 
 def _objective(config) -> str:
@@ -65,10 +66,10 @@ def _scores(longctx: Optional[dict], lm_eval: Optional[dict]) -> dict[str, str]:
         if isinstance(entry, dict) and "acc_at_1" in entry:
             out[f"{task} acc@1 (MRR)"] = f"{entry['acc_at_1']:.2f} ({entry.get('mrr', float('nan')):.2f})"
     for task, metrics in ((lm_eval or {}).get("metrics") or {}).items():
-        for metric, short, digits in (("acc", "acc", 3), ("perplexity", "ppl", 4)):
+        for metric, short, spec in (("acc", "acc", ".3f"), ("perplexity", "ppl", ".4g")):
             value = (metrics or {}).get(metric)
             if isinstance(value, list) and value:
-                out[f"{task} {short}"] = f"{value[0]:.{digits}g}" if short == "ppl" else f"{value[0]:.{digits}f}"
+                out[f"{task} {short}"] = format(value[0], spec)
     return out
 
 

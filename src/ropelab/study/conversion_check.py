@@ -30,11 +30,11 @@ def evaluate_study_conversion(study_dir: str | Path, run_ids: list[str]) -> dict
     study_dir = Path(study_dir)
     measured = read_held_out(study_dir)
     todo = [run for run in run_ids if run not in measured and _recovered_from_conversion(study_dir / "runs" / run)]
+    path = study_dir.joinpath(*HELD_OUT)
     for run in todo:
         measured[run] = distance_to_source(study_dir / "runs" / run)
-        path = study_dir.joinpath(*HELD_OUT)
         path.parent.mkdir(exist_ok=True)
-        write_atomically(path, json.dumps(measured, indent=1) + "\n")
+        write_atomically(path, json.dumps(measured, indent=1) + "\n")  # each run kept as soon as measured
     return measured
 
 

@@ -6,6 +6,8 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
+LONGCTX_DIR = "longctx"  # the study folder's long-context evaluation (`ropelab.study.sections`), read by other sections
+
 
 @dataclass
 class Section:

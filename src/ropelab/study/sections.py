@@ -27,9 +27,8 @@ from ropelab.study.extrapolation import extrapolation_section
 from ropelab.study.frontier_report import frontier_sections
 from ropelab.study.lm_eval_step import lm_eval_section
 from ropelab.study.memory import layer_kind_memory
-from ropelab.study.section import Section, folder_section, html_table, markdown_table
+from ropelab.study.section import LONGCTX_DIR, Section, folder_section, html_table, markdown_table
 
-LONGCTX_DIR = "longctx"
 MEMORY_TOKENS = 131_072
 
 
