@@ -100,7 +100,7 @@ def conversion_rows(study_dir: Path) -> list[dict]:
             "loss_converted": conversion.get("loss_converted", val[0][1] if val else None),
             "kl_converted": conversion.get("kl_to_source", 0.0 if not conversion else None),
             "final_val_loss": val[-1][1] if val else None, "final_train_kl": kl[-1][1] if kl else None,
-            "final_kl": held_out.get(run.name, {}).get("kl_to_source") if result["steps"] else conversion.get("kl_to_source"),
+            "final_kl": (held_out.get(run.name, {}) if result["steps"] else conversion).get("kl_to_source"),
             "val_curve": val, "kl_curve": kl, "scores": _scores(longctx.get(run.name), lm_eval.get(run.name)),
         })
     # the source, the conversions without and with a latent (larger ranks last), then their recoveries

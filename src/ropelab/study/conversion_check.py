@@ -21,7 +21,9 @@ def read_held_out(study_dir: Path) -> dict[str, dict]:
         measured = json.loads(Path(study_dir).joinpath(*HELD_OUT).read_text())
     except (OSError, ValueError):
         return {}
-    return {run: entry for run, entry in measured.items() if isinstance(entry, dict)} if isinstance(measured, dict) else {}
+    if not isinstance(measured, dict):
+        return {}
+    return {run: entry for run, entry in measured.items() if isinstance(entry, dict)}
 
 
 def evaluate_study_conversion(study_dir: str | Path, run_ids: list[str]) -> dict[str, dict]:
